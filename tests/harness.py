@@ -1,0 +1,151 @@
+"""Start a real watchproxy in front of a real fake apiserver, on loopback, for one test."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from watchproxy.app import Proxy
+from watchproxy.config import Config, build_config
+from watchproxy.credentials import from_kubeconfig
+from watchproxy.fakeapi import FakeApiServer
+from watchproxy.kubeconfig import render_kubeconfig
+
+KUBECTL = "kubectl"
+
+
+@dataclass
+class Running:
+    fake: FakeApiServer
+    proxy: Proxy
+    kubeconfig: str
+    upstream_kubeconfig: str
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.proxy.api_port}"
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://127.0.0.1:{self.proxy.admin_port}"
+
+
+def make_config(overrides: dict[str, Any] | None = None) -> Config:
+    data: dict[str, dict[str, Any]] = {
+        "listen": {"port": 0},
+        "admin": {"host": "127.0.0.1", "port": 0},
+        "hub": {"linger_seconds": 0.5},
+        "logging": {"level": "warning"},
+    }
+    for dotted, value in (overrides or {}).items():
+        section, key = dotted.split(".", 1)
+        data.setdefault(section, {})[key] = value
+    return build_config(data, file_name="test")
+
+
+@contextlib.asynccontextmanager
+async def running_proxy(
+    tmp_path: Any,
+    overrides: dict[str, Any] | None = None,
+    *,
+    fake: FakeApiServer | None = None,
+    seed: int = 1,
+) -> AsyncIterator[Running]:
+    own_fake = fake is None
+    if fake is None:
+        fake = FakeApiServer(bookmark_interval=0.5)
+        await fake.start()
+    try:
+        upstream_kubeconfig = fake.write_kubeconfig(os.path.join(tmp_path, "upstream.kubeconfig"))
+        proxy = Proxy(
+            make_config(overrides), from_kubeconfig(upstream_kubeconfig), rng=random.Random(seed)
+        )
+        await proxy.start()
+        try:
+            kubeconfig = os.path.join(tmp_path, "proxy.kubeconfig")
+            with open(kubeconfig, "w", encoding="utf-8") as handle:
+                handle.write(
+                    render_kubeconfig(f"http://127.0.0.1:{proxy.api_port}", namespace="default")
+                )
+            await wait_for(lambda: proxy.connectivity.up, what="proxy to reach the upstream")
+            yield Running(fake, proxy, kubeconfig, upstream_kubeconfig)
+        finally:
+            await proxy.stop()
+    finally:
+        if own_fake:
+            await fake.stop()
+
+
+async def wait_for(
+    predicate: Callable[[], bool], *, timeout: float = 10.0, what: str = "condition"
+) -> None:
+    """Poll a cheap in-process predicate; the loop keeps serving in between. Bounded in time."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+async def kubectl(
+    kubeconfig: str, *args: str, timeout: float = 30.0, stdin: bytes | None = None
+) -> tuple[int, str, str]:
+    """Run the real kubectl (client-go) without blocking the loop that serves it."""
+    process = await asyncio.create_subprocess_exec(
+        KUBECTL,
+        "--kubeconfig",
+        kubeconfig,
+        *args,
+        stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        out, err = await asyncio.wait_for(process.communicate(stdin), timeout)
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+        raise
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+async def read_watch(
+    session: aiohttp.ClientSession,
+    url: str,
+    *,
+    until: Callable[[list[dict[str, Any]]], bool],
+    timeout: float = 10.0,
+    headers: dict[str, str] | None = None,
+) -> list[dict[str, Any]]:
+    """Read watch events from ``url`` until ``until(events)`` holds (or the stream ends)."""
+    events: list[dict[str, Any]] = []
+
+    async def consume() -> None:
+        async with session.get(url, headers=headers) as response:
+            assert response.status == 200, await response.text()
+            async for raw in response.content:
+                if raw.strip():
+                    events.append(json.loads(raw))
+                    if until(events):
+                        return
+
+    await asyncio.wait_for(consume(), timeout)
+    return events
+
+
+def rv_of(event: dict[str, Any]) -> int:
+    return int(event["object"]["metadata"]["resourceVersion"])
+
+
+async def gather_bounded(*aws: Awaitable[Any], timeout: float) -> list[Any]:
+    return list(await asyncio.wait_for(asyncio.gather(*aws), timeout))

@@ -1,0 +1,5 @@
+import sys
+
+from watchproxy.cli import main
+
+sys.exit(main())

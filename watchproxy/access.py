@@ -1,0 +1,49 @@
+"""Who may ask what: the Host allowlist and the method/path rules of the API port."""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterable
+
+from watchproxy.config import AccessRule
+from watchproxy.errors import Forbidden
+
+WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+class HostNotAllowed(Forbidden):
+    """A Host header outside the allowlist (a DNS-rebinding attempt, or a misconfigured client)."""
+
+
+def host_allowed(host_header: str | None, allowed: Iterable[str]) -> bool:
+    """True if the Host (with or without its port) is in the allowlist."""
+    if not host_header:
+        return False
+    host = host_header.strip().lower()
+    if host.startswith("["):
+        end = host.find("]")
+        name = host[: end + 1] if end > 0 else host
+    else:
+        name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    return name in {a.lower() for a in allowed}
+
+
+class AccessPolicy:
+    """First matching rule wins; no match allows. ``read_only`` refuses every write first."""
+
+    def __init__(self, rules: Iterable[AccessRule], *, read_only: bool = False) -> None:
+        self.rules = tuple(rules)
+        self.read_only = read_only
+
+    def check(self, method: str, path: str) -> None:
+        """Raise Forbidden if ``method`` on the (already canonical) ``path`` is not allowed."""
+        method = method.upper()
+        if self.read_only and method in WRITE_METHODS:
+            raise Forbidden(f"watchproxy is read-only: {method} {path} is not allowed")
+        for rule in self.rules:
+            if rule.methods and method not in {m.upper() for m in rule.methods}:
+                continue
+            if fnmatch.fnmatchcase(path, rule.path) or path == rule.path:
+                if rule.action == "deny":
+                    raise Forbidden(f"watchproxy policy denies {method} {path}")
+                return

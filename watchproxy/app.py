@@ -1,0 +1,153 @@
+"""The proxy as one object: builds the components from the config and owns their lifetimes."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from typing import Any
+
+from aiohttp import web
+
+from watchproxy.access import AccessPolicy
+from watchproxy.admin import build_admin_app
+from watchproxy.backoff import BackoffPolicy
+from watchproxy.config import Config
+from watchproxy.connectivity import Connectivity
+from watchproxy.credentials import UpstreamTarget
+from watchproxy.hub import Hub
+from watchproxy.metrics import Metrics
+from watchproxy.passthrough import Forwarder
+from watchproxy.ratelimit import ClientRateLimiter, UpstreamLimiter
+from watchproxy.server import ApiHandler, build_api_app
+from watchproxy.upstream import Upstream
+
+log = logging.getLogger("watchproxy")
+
+
+def backoff_policy(config: Config) -> BackoffPolicy:
+    b = config.backoff
+    return BackoffPolicy(
+        initial=b.initial_seconds,
+        factor=b.factor,
+        cap=b.max_seconds,
+        jitter=b.jitter,
+        reset_after=b.reset_after_seconds,
+    )
+
+
+class Proxy:
+    """watchproxy: the API port, the admin port, the upstream client and the watch hub.
+
+    ``start()`` binds both ports (port 0 picks a free one; see ``api_port``/``admin_port``);
+    ``stop()`` stops accepting, ends open streams cleanly and releases everything it started.
+    """
+
+    def __init__(
+        self, config: Config, target: UpstreamTarget, *, rng: random.Random | None = None
+    ) -> None:
+        self.config = config
+        self.metrics = Metrics()
+        self.rng = rng or random.Random()
+        rl = config.ratelimit
+        self.limiter = UpstreamLimiter(rl.qps, rl.burst, rl.max_concurrent)
+        self.upstream = Upstream(
+            target,
+            config.upstream,
+            limiter=self.limiter,
+            metrics=self.metrics,
+            max_wait=rl.max_wait_seconds,
+        )
+        self.connectivity = Connectivity(
+            self.upstream.probe, backoff_policy(config), self.metrics, rng=self.rng
+        )
+        self.upstream.connectivity = self.connectivity
+        self.client_limiter: ClientRateLimiter | None = None
+        if rl.per_client_qps > 0:
+            self.client_limiter = ClientRateLimiter(rl.per_client_qps, rl.per_client_burst)
+        self.forwarder = Forwarder(
+            self.upstream,
+            max_body_bytes=config.limits.max_body_bytes,
+            forward_identity=config.security.identity == "forward",
+        )
+        self.hub: Hub | None = None
+        if config.hub.enabled:
+            self.hub = Hub(
+                upstream=self.upstream,
+                connectivity=self.connectivity,
+                hub_config=config.hub,
+                upstream_config=config.upstream,
+                backoff_policy=backoff_policy(config),
+                metrics=self.metrics,
+                forward_identity=config.security.identity == "forward",
+                max_watches=config.limits.max_watches,
+                rng=self.rng,
+            )
+        self.api_port = 0
+        self.admin_port = 0
+        self._runners: list[web.AppRunner] = []
+
+    def _client_limit(self, key: str) -> float:
+        assert self.client_limiter is not None
+        return self.client_limiter.check(key, time.monotonic())
+
+    def ready(self) -> bool:
+        return self.connectivity.up
+
+    def debug_watches(self) -> list[dict[str, Any]]:
+        if self.hub is None:
+            return []
+        return self.hub.debug()
+
+    async def start(self) -> None:
+        await self.upstream.start()
+        self.connectivity.start()
+        handler = ApiHandler(
+            forwarder=self.forwarder,
+            metrics=self.metrics,
+            policy=AccessPolicy(
+                self.config.security.rules, read_only=self.config.security.read_only
+            ),
+            allowed_hosts=self.config.listen.allowed_hosts,
+            hub=self.hub,
+            client_limit=self._client_limit if self.client_limiter is not None else None,
+        )
+        api_app = build_api_app(handler, max_body_bytes=self.config.limits.max_body_bytes)
+        admin_app = build_admin_app(
+            metrics=self.metrics, ready=self.ready, debug_watches=self.debug_watches
+        )
+        self.api_port = await self._serve(api_app, self.config.listen.host, self.config.listen.port)
+        self.admin_port = await self._serve(
+            admin_app, self.config.admin.host, self.config.admin.port
+        )
+        log.info(
+            "serving the Kubernetes API on %s:%d (upstream %s), admin on %s:%d",
+            self.config.listen.host,
+            self.api_port,
+            self.upstream.target.server,
+            self.config.admin.host,
+            self.admin_port,
+        )
+
+    async def _serve(self, app: web.Application, host: str, port: int) -> int:
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0)
+        await runner.setup()
+        site = web.TCPSite(runner, host, port, reuse_address=True)
+        await site.start()
+        self._runners.append(runner)
+        server = site._server  # the bound socket tells the real port when 0 was asked
+        assert server is not None and isinstance(server, asyncio.Server)
+        bound: int = server.sockets[0].getsockname()[1]
+        return bound
+
+    async def stop(self) -> None:
+        if self.hub is not None:
+            await self.hub.close()
+        self.forwarder.close_streams()
+        for runner in reversed(self._runners):
+            await runner.cleanup()
+        self._runners.clear()
+        await self.connectivity.close()
+        await self.upstream.close()
+        log.info("stopped")

@@ -1,0 +1,153 @@
+"""Command line: ``watchproxy [run]``, ``watchproxy demo``, ``watchproxy kubeconfig``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import Mapping, Sequence
+
+from watchproxy import __version__
+from watchproxy.config import Config, ConfigError, build_config, load_file
+from watchproxy.credentials import CredentialsError, resolve_target
+from watchproxy.logs import setup_logging
+
+# Flags with a config key of their own; anything else goes through --set section.key=value.
+FLAG_KEYS = {
+    "listen_host": "listen.host",
+    "listen_port": "listen.port",
+    "admin_host": "admin.host",
+    "admin_port": "admin.port",
+    "kubeconfig": "upstream.kubeconfig",
+    "context": "upstream.context",
+    "log_level": "logging.level",
+}
+
+
+def _add_config_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="YAML config file (default: $WATCHPROXY_CONFIG)")
+    parser.add_argument("--listen-host", help="API listen address (listen.host)")
+    parser.add_argument("--listen-port", help="API port (listen.port)")
+    parser.add_argument("--admin-host", help="admin listen address (admin.host)")
+    parser.add_argument("--admin-port", help="admin port (admin.port)")
+    parser.add_argument("--kubeconfig", help="upstream kubeconfig (upstream.kubeconfig)")
+    parser.add_argument("--context", help="kubeconfig context (upstream.context)")
+    parser.add_argument("--log-level", help="debug, info, warning, error (logging.level)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="set any config key, e.g. --set hub.linger_seconds=10 (repeatable)",
+    )
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(
+        prog="watchproxy",
+        description="Sidecar proxy for the Kubernetes API: shared watches, rate limits, backoff.",
+    )
+    top.add_argument("--version", action="version", version=f"watchproxy {__version__}")
+    sub = top.add_subparsers(dest="command")
+    run = sub.add_parser("run", help="run the proxy (the default command)")
+    _add_config_flags(run)
+    demo = sub.add_parser(
+        "demo", help="run the proxy in front of an embedded fake apiserver with churning pods"
+    )
+    _add_config_flags(demo)
+    demo.add_argument("--rate", type=float, default=5.0, help="pod events per second")
+    kubeconfig = sub.add_parser("kubeconfig", help="print a kubeconfig pointing at the proxy")
+    kubeconfig.add_argument("--server", default=None, help="default: http://127.0.0.1:<port>")
+    kubeconfig.add_argument("--listen-port", type=int, default=None)
+    kubeconfig.add_argument("--namespace", default=None)
+    kubeconfig.add_argument("--context-name", default="watchproxy")
+    return top
+
+
+def load_config(args: argparse.Namespace, env: Mapping[str, str]) -> Config:
+    path = args.config or env.get("WATCHPROXY_CONFIG")
+    data = load_file(path) if path else {}
+    overrides: dict[str, str] = {}
+    for flag, key in FLAG_KEYS.items():
+        value = getattr(args, flag, None)
+        if value is not None:
+            overrides[key] = str(value)
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or "." not in key:
+            raise ConfigError(f"flag --set {item}: expected SECTION.KEY=VALUE")
+        overrides[key.strip()] = value
+    return build_config(data, file_name=path or "config", env=env, overrides=overrides)
+
+
+def _install_loop() -> None:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency; tolerate odd platforms
+        return
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+async def _wait_for_signal() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+async def run_proxy(config: Config, env: Mapping[str, str]) -> None:
+    from watchproxy.app import Proxy
+
+    target = resolve_target(
+        config.upstream.mode,
+        kubeconfig=config.upstream.kubeconfig,
+        context=config.upstream.context,
+        env=env,
+        reload_seconds=config.upstream.token_reload_seconds,
+    )
+    proxy = Proxy(config, target)
+    await proxy.start()
+    try:
+        await _wait_for_signal()
+    finally:
+        await proxy.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
+        argv.insert(0, "run")
+    args = parser().parse_args(argv)
+    env = dict(os.environ)
+    if args.command == "kubeconfig":
+        from watchproxy.kubeconfig import render_kubeconfig
+
+        server = args.server or f"http://127.0.0.1:{args.listen_port or 8001}"
+        sys.stdout.write(
+            render_kubeconfig(server, namespace=args.namespace, context_name=args.context_name)
+        )
+        return 0
+    try:
+        config = load_config(args, env)
+    except ConfigError as error:
+        print(f"watchproxy: {error}", file=sys.stderr)
+        return 2
+    setup_logging(config.logging.level, as_json=config.logging.json)
+    _install_loop()
+    try:
+        if args.command == "demo":
+            from watchproxy.demo import run_demo
+
+            asyncio.run(run_demo(config, rate=args.rate, wait=_wait_for_signal))
+        else:
+            asyncio.run(run_proxy(config, env))
+    except CredentialsError as error:
+        print(f"watchproxy: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:
+        print(f"watchproxy: cannot start: {error}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,90 @@
+"""Named errors and the Kubernetes ``metav1.Status`` bodies they turn into at the edge."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+def status_object(code: int, reason: str, message: str, **details: Any) -> dict[str, Any]:
+    """A ``metav1.Status`` of failure, as the apiserver writes it."""
+    status: dict[str, Any] = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+    if details:
+        status["details"] = details
+    return status
+
+
+def status_bytes(code: int, reason: str, message: str, **details: Any) -> bytes:
+    return json.dumps(status_object(code, reason, message, **details)).encode()
+
+
+class ProxyError(Exception):
+    """An error that has a Kubernetes Status answer. Subclasses set code and reason."""
+
+    code = 500
+    reason = "InternalError"
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retry_after = retry_after
+
+    def status(self) -> dict[str, Any]:
+        details: dict[str, Any] = {}
+        if self.retry_after is not None:
+            details["retryAfterSeconds"] = max(1, round(self.retry_after))
+        return status_object(self.code, self.reason, self.message, **details)
+
+
+class BadRequest(ProxyError):
+    code = 400
+    reason = "BadRequest"
+
+
+class Forbidden(ProxyError):
+    code = 403
+    reason = "Forbidden"
+
+
+class NotFound(ProxyError):
+    code = 404
+    reason = "NotFound"
+
+
+class PayloadTooLarge(ProxyError):
+    code = 413
+    reason = "RequestEntityTooLarge"
+
+
+class TooManyRequests(ProxyError):
+    """The proxy itself throttled the client (its own limits, or an upstream Retry-After)."""
+
+    code = 429
+    reason = "TooManyRequests"
+
+
+class UpstreamUnavailable(ProxyError):
+    """The apiserver cannot be reached now; the proxy fails fast instead of piling up."""
+
+    code = 503
+    reason = "ServiceUnavailable"
+
+
+class UpstreamTimeout(ProxyError):
+    code = 504
+    reason = "Timeout"
+
+
+class Expired(ProxyError):
+    """A resourceVersion older than the history window (the watch answer is in-stream)."""
+
+    code = 410
+    reason = "Expired"

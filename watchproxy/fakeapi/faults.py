@@ -1,0 +1,151 @@
+"""Fault injection: outages (refused, reset, 503), throttling, failures, broken watches."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import socket
+import struct
+from typing import Protocol
+
+from .errors import ApiError, ServiceUnavailable, TooManyRequests, error_for_code
+from .stats import Stats
+
+OUTAGE_MODES = ("refuse", "reset", "503")
+
+
+class Listener(Protocol):
+    """What Faults needs from the server: its address, and control of its listening socket."""
+
+    host: str
+    port: int
+
+    async def stop_listening(self) -> None: ...
+
+    async def start_listening(self) -> None: ...
+
+    def cut_streams(self, *, watches_only: bool = False) -> int: ...
+
+    def abort_connections(self) -> None: ...
+
+
+def _retry_after_header(seconds: float) -> str:
+    return str(max(1, math.ceil(seconds)))
+
+
+class Faults:
+    """The faults currently injected. Every setter takes effect on the next request or event."""
+
+    def __init__(self, listener: Listener, stats: Stats) -> None:
+        self._listener = listener
+        self._stats = stats
+        self.outage_mode: str | None = None
+        self._raw: asyncio.Server | None = None
+        self._throttle: float | None = None
+        self._fail: list[tuple[int, float | None]] = []
+        self.hang: bool = False
+        self._garbage = 0
+
+    # -- outages ---------------------------------------------------------------------------
+
+    async def outage(self, mode: str = "refuse") -> None:
+        """Start an outage; open streams are cut in every mode."""
+        if mode not in OUTAGE_MODES:
+            raise ValueError(f"outage mode must be one of {OUTAGE_MODES}, not {mode!r}")
+        await self.recover()
+        self.outage_mode = mode
+        self._listener.cut_streams()
+        if mode == "503":
+            return
+        await self._listener.stop_listening()
+        self._listener.abort_connections()
+        if mode == "reset":
+            self._raw = await asyncio.start_server(
+                self._reset_connection, self._listener.host, self._listener.port
+            )
+
+    async def recover(self) -> None:
+        """End any outage: serve normally again on the same port."""
+        mode, self.outage_mode = self.outage_mode, None
+        if self._raw is not None:
+            raw, self._raw = self._raw, None
+            raw.close()
+            await raw.wait_closed()
+        if mode in ("refuse", "reset"):
+            await self._listener.start_listening()
+
+    async def _reset_connection(
+        self, _r: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        self._stats.connection_attempt()
+        sock = writer.get_extra_info("socket")
+        if sock is not None:
+            # Linger 0: close() sends an RST instead of a FIN.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()
+
+    # -- request faults --------------------------------------------------------------------
+
+    def throttle(self, retry_after: float | None) -> None:
+        """While set, every API request gets 429 with ``Retry-After``; None clears it."""
+        self._throttle = retry_after
+
+    def fail_next(self, n: int, status: int, retry_after: float | None = None) -> None:
+        """The next ``n`` API requests get ``status`` and a Status body."""
+        self._fail.extend([(status, retry_after)] * n)
+
+    def request_error(self) -> ApiError | None:
+        """The error the next API request must get, if any (consumes one ``fail_next``)."""
+        if self._throttle is not None:
+            return _too_many(self._throttle)
+        if self._fail:
+            status, retry_after = self._fail.pop(0)
+            if status == 429:
+                return _too_many(retry_after if retry_after is not None else 1.0)
+            err = error_for_code(status, f"injected failure (HTTP {status})")
+            if retry_after is not None:
+                err.details["retryAfterSeconds"] = int(_retry_after_header(retry_after))
+                err.headers["Retry-After"] = _retry_after_header(retry_after)
+            return err
+        return None
+
+    def outage_error(self) -> ApiError | None:
+        if self.outage_mode == "503":
+            return ServiceUnavailable("the server is currently unable to handle the request")
+        return None
+
+    # -- watch faults ----------------------------------------------------------------------
+
+    def cut_watches(self) -> int:
+        """Abort every open watch stream mid-stream (no final chunk); returns how many."""
+        return self._listener.cut_streams(watches_only=True)
+
+    def hang_watches(self, hang: bool) -> None:
+        """While set, new watch responses send their headers and then nothing at all."""
+        self.hang = hang
+
+    def garbage_next_watch_line(self, n: int = 1) -> None:
+        """The next ``n`` watch event lines written (any watch) are truncated JSON."""
+        self._garbage += n
+
+    def take_garbage(self) -> bool:
+        if self._garbage > 0:
+            self._garbage -= 1
+            return True
+        return False
+
+    async def close(self) -> None:
+        self.outage_mode = None
+        if self._raw is not None:
+            raw, self._raw = self._raw, None
+            raw.close()
+            await raw.wait_closed()
+
+
+def _too_many(retry_after: float) -> ApiError:
+    header = _retry_after_header(retry_after)
+    err = TooManyRequests(
+        "Too many requests, please try again later.", retryAfterSeconds=int(header)
+    )
+    err.headers["Retry-After"] = header
+    return err

@@ -1,0 +1,205 @@
+"""The watch hub: identical client watches share one upstream watch; each client gets its stream.
+
+``Hub.serve`` is what the API handler calls for every watch request. It returns None for a
+watch it cannot serve faithfully (the handler passes it through unchanged), and otherwise
+answers the client from the key's shared state: synthetic ADDEDs, a replay from the history
+ring, or an in-stream 410 Expired — then live events, all from one upstream watch per key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+from watchproxy.apipath import ApiPath
+from watchproxy.backoff import BackoffPolicy
+from watchproxy.config import HubConfig, UpstreamConfig
+from watchproxy.connectivity import Connectivity
+from watchproxy.errors import ProxyError, UpstreamUnavailable
+from watchproxy.metrics import Metrics
+from watchproxy.representation import Representation
+from watchproxy.sharedwatch import SharedWatch, UpstreamRefused
+from watchproxy.subscriber import Subscriber, SubscriberOptions
+from watchproxy.upstream import Upstream
+from watchproxy.watchkey import Unservable, WatchKey, identity_of, watch_key
+from watchproxy.watchquery import WatchQuery
+
+log = logging.getLogger("watchproxy.hub")
+
+# How long a new key's first client waits for the initial upstream list.
+INITIAL_SYNC_TIMEOUT = 30.0
+# A stalled write to one client for this long ends that client alone.
+WRITE_TIMEOUT = 30.0
+
+
+class TooManyWatches(ProxyError):
+    code = 429
+    reason = "TooManyRequests"
+
+
+class Hub:
+    """Owns every SharedWatch; each is started on first use and stopped after its linger."""
+
+    def __init__(
+        self,
+        *,
+        upstream: Upstream,
+        connectivity: Connectivity,
+        hub_config: HubConfig,
+        upstream_config: UpstreamConfig,
+        backoff_policy: BackoffPolicy,
+        metrics: Metrics,
+        forward_identity: bool = False,
+        max_watches: int = 1000,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.upstream = upstream
+        self.connectivity = connectivity
+        self.config = hub_config
+        self.upstream_config = upstream_config
+        self.backoff_policy = backoff_policy
+        self.metrics = metrics
+        self.forward_identity = forward_identity
+        self.max_watches = max_watches
+        self.rng = rng or random.Random()
+        self.clock = clock
+        self.watches: dict[WatchKey, SharedWatch] = {}
+        self._retired: set[asyncio.Task[None]] = set()
+        self._clients: set[asyncio.Task[Any]] = set()
+        self.active_clients = 0
+        metrics.shared_watches.set_function(lambda: len(self.watches))
+        metrics.history_events.set_function(
+            lambda: sum(w.cache.history_len() for w in self.watches.values())
+        )
+
+    def _shared(
+        self, key: WatchKey, representation: Representation, auth: str | None
+    ) -> SharedWatch:
+        shared = self.watches.get(key)
+        if shared is not None and not shared.closed:
+            return shared
+        shared = SharedWatch(
+            key,
+            representation,
+            upstream=self.upstream,
+            connectivity=self.connectivity,
+            hub_config=self.config,
+            upstream_config=self.upstream_config,
+            backoff_policy=self.backoff_policy,
+            metrics=self.metrics,
+            rng=self.rng,
+            forwarded_auth=auth,
+            clock=self.clock,
+        )
+        shared.on_idle = self._retire
+        self.watches[key] = shared
+        shared.start()
+        log.info("new shared watch %s %s", key.collection_path, key.describe())
+        return shared
+
+    def _retire(self, shared: SharedWatch) -> None:
+        """Called from the shared watch's own tasks: close it from a task the hub owns."""
+        if self.watches.get(shared.key) is shared:
+            del self.watches[shared.key]
+        task = asyncio.create_task(shared.close(), name="watchproxy-retire")
+        self._retired.add(task)
+        task.add_done_callback(self._retired.discard)
+
+    def _deadline(self, query: WatchQuery) -> float:
+        if query.timeout_seconds is not None:
+            return float(query.timeout_seconds)
+        # Randomized so that clients do not all come back at the same moment.
+        return self.rng.uniform(
+            self.config.client_watch_min_seconds, self.config.client_watch_max_seconds
+        )
+
+    async def serve(
+        self, request: web.Request, api_path: ApiPath, query: WatchQuery
+    ) -> web.StreamResponse | None:
+        auth = request.headers.get("Authorization") if self.forward_identity else None
+        found = watch_key(
+            api_path,
+            query,
+            accept=request.headers.get("Accept"),
+            identity=identity_of(auth, self.forward_identity),
+        )
+        if isinstance(found, Unservable):
+            self.metrics.passthrough_watches.labels(found.reason).inc()
+            return None
+        key, representation = found
+        if self.active_clients >= self.max_watches:
+            raise TooManyWatches(
+                f"watchproxy serves at most {self.max_watches} watches", retry_after=5
+            )
+        shared = self.watches.get(key)
+        if (shared is None or not shared.cache.synced) and self.connectivity.down:
+            raise UpstreamUnavailable(
+                "the apiserver is unreachable and this watch has no shared state yet",
+                retry_after=self.connectivity.retry_after(),
+            )
+        shared = self._shared(key, representation, auth)
+        shared.attach()
+        self.active_clients += 1
+        gauge = self.metrics.subscribers.labels(key.resource_label)
+        gauge.inc()
+        try:
+            try:
+                await shared.wait_synced(INITIAL_SYNC_TIMEOUT)
+            except UpstreamRefused as refused:
+                answer = web.Response(status=refused.status, body=refused.body)
+                answer.headers["Content-Type"] = refused.content_type or "application/json"
+                return answer
+            plan = shared.cache.plan(
+                query.resource_version, send_initial_events=bool(query.send_initial_events)
+            )
+            response = web.StreamResponse(status=200)
+            response.content_type = "application/json"
+            response.enable_chunked_encoding()
+            response.headers["Cache-Control"] = "no-cache, private"
+            await response.prepare(request)
+            if plan.expired:
+                self.metrics.expired.inc()
+                self.metrics.events_sent.labels(key.resource_label).inc()
+                await response.write(shared.cache.expired_line(query.resource_version or ""))
+                await response.write_eof()
+                return response
+            if query.resource_version not in (None, "", "0") and not query.send_initial_events:
+                self.metrics.replays.inc()
+            subscriber = Subscriber(
+                shared,
+                response,
+                request,
+                SubscriberOptions(
+                    deadline_seconds=self._deadline(query),
+                    bookmarks=bool(query.allow_watch_bookmarks),
+                    bookmark_interval=self.config.bookmark_interval_seconds,
+                    max_lag=self.config.max_subscriber_lag,
+                    write_timeout=WRITE_TIMEOUT,
+                ),
+                self.metrics,
+                clock=self.clock,
+            )
+            await subscriber.run(plan)
+            return response
+        finally:
+            gauge.dec()
+            self.active_clients -= 1
+            shared.detach()
+
+    async def close(self) -> None:
+        """End every shared watch; their subscribers finish their streams cleanly."""
+        watches = list(self.watches.values())
+        self.watches.clear()
+        await asyncio.gather(*(w.close() for w in watches), return_exceptions=True)
+        if self._retired:
+            await asyncio.gather(*self._retired, return_exceptions=True)
+
+    def debug(self) -> list[dict[str, Any]]:
+        return [w.debug() for w in self.watches.values()]
