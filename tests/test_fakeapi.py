@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import shutil
@@ -151,10 +152,11 @@ def test_churner_steps_keep_the_population_near_its_target() -> None:
 async def test_churner_task_is_owned_and_awaited() -> None:
     store = Store()
     churn = Churner(store, rate=200.0, seed=1)
+    enough = asyncio.Event()
+    store.subscribe("pods", lambda _change: churn.events >= 20 and enough.set())
     churn.start()
     async with asyncio.timeout(5):
-        while churn.events < 20:
-            await asyncio.sleep(0.01)
+        await enough.wait()
     await churn.stop()
     stopped_at = store.resource_version
     await asyncio.sleep(0.05)
@@ -222,7 +224,9 @@ async def test_crud_round_trip_with_kubernetes_errors(fake_api: FakeApiServer) -
 async def test_big_configmap_is_created_and_watched(fake_api: FakeApiServer) -> None:
     big = {"metadata": {"name": "big"}, "data": {"blob": "x" * (1536 * 1024)}}
     async with client(fake_api) as c, c.watch(CMS) as w:
-        status, _ = await c.request("POST", CMS, json=big)
+        body = io.BytesIO(json.dumps(big).encode())
+        ct = {"Content-Type": "application/json"}
+        status, _ = await c.request("POST", CMS, data=body, headers=ct)
         assert status == 201
         (ev,) = await w.events(1)
         assert ev["type"] == "ADDED" and len(ev["object"]["data"]["blob"]) == 1536 * 1024
@@ -544,7 +548,7 @@ async def test_kubectl_get_watch_renders_rows(fake_api: FakeApiServer, tmp_path:
 
     changer = asyncio.create_task(change_when_watching())
     try:
-        rc, out, err = await kubectl(
+        _rc, out, err = await kubectl(
             fake_api, str(tmp_path), "get", "pods", "-w", "--request-timeout=2s", within=15
         )
     finally:
@@ -561,7 +565,8 @@ async def test_kubectl_get_watch_renders_rows(fake_api: FakeApiServer, tmp_path:
 async def test_official_python_client_lists_and_watches(
     fake_api: FakeApiServer, tmp_path: Any
 ) -> None:
-    from kubernetes import client as k8s, config, watch
+    from kubernetes import client as k8s
+    from kubernetes import config, watch
 
     kubeconfig = fake_api.write_kubeconfig(str(tmp_path / "kubeconfig"))
     fake_api.store.create("pods", "default", pod("a"))
@@ -594,3 +599,23 @@ async def test_official_python_client_lists_and_watches(
     finally:
         await writer
     assert seen == [("LIST", "a"), ("ADDED", "b"), ("DELETED", "a")]
+
+
+async def test_log_follow_streams_lines_until_the_client_leaves(fake_api: FakeApiServer) -> None:
+    fake_api.store.create("pods", "default", pod("a"))
+    async with client(fake_api) as c, c.watch(f"{PODS}/a/log", follow="true", watch="false") as w:
+        assert w.resp.content_type == "text/plain"
+        assert await w.line() == b"log line 1 from default/a/c"
+        assert await w.line() == b"log line 2 from default/a/c"
+
+
+async def test_metadata_only_list_and_legacy_watch_path(fake_api: FakeApiServer) -> None:
+    fake_api.store.create("pods", "default", pod("a"))
+    accept = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
+    async with client(fake_api) as c:
+        _, body = await c.request("GET", PODS, headers={"Accept": accept})
+        assert body["kind"] == "PartialObjectMetadataList"
+        assert body["items"][0]["kind"] == "PartialObjectMetadata"
+        assert "spec" not in body["items"][0]
+        async with c.watch("/api/v1/watch/namespaces/default/pods", watch="false") as w:
+            assert names(await w.events(1)) == [("ADDED", "a")]

@@ -1,0 +1,219 @@
+"""The watch hub against the fake apiserver: one upstream watch per key, exact per-client streams."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import aiohttp
+
+from tests.harness import Running, read_watch, running_proxy, rv_of
+
+PODS = "/api/v1/namespaces/default/pods"
+
+
+def pod(name: str, app: str = "web", phase: str = "Pending") -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "labels": {"app": app}},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+        "status": {"phase": phase},
+    }
+
+
+def set_phase(phase: str) -> Any:
+    def apply(obj: dict[str, Any]) -> None:
+        obj.setdefault("status", {})["phase"] = phase
+
+    return apply
+
+
+def watch_opens(running: Running, path: str = PODS) -> int:
+    return sum(1 for p in running.fake.stats.watch_paths if p == path)
+
+
+def names(events: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    return [(e["type"], e["object"]["metadata"]["name"]) for e in events]
+
+
+async def test_identical_watches_share_one_upstream_watch(tmp_path: Any) -> None:
+    async with running_proxy(tmp_path) as running, aiohttp.ClientSession() as session:
+        store = running.fake.store
+        for i in range(3):
+            store.create("pods", "default", pod(f"web-{i}"))
+        store.create("pods", "default", pod("db-0", app="db"))
+        web = running.url + PODS + "?watch=true&labelSelector=app%3Dweb"
+        db = running.url + PODS + "?watch=true&labelSelector=app%3Ddb"
+
+        def until(count: int) -> Any:
+            return lambda events: len(events) >= count
+
+        web_clients = [read_watch(session, web, until=until(3 + 10)) for _ in range(10)]
+        db_clients = [read_watch(session, db, until=until(1 + 10)) for _ in range(5)]
+        tasks = [asyncio.ensure_future(c) for c in web_clients + db_clients]
+        await running.fake.stats.wait_until(lambda s: s.active_watches >= 2)
+        await asyncio.sleep(0)  # let every client subscribe before the churn starts
+        for i in range(10):
+            store.modify("pods", "default", f"web-{i % 3}", set_phase(f"P{i}"))
+            store.modify("pods", "default", "db-0", set_phase(f"P{i}"))
+        results = await asyncio.wait_for(asyncio.gather(*tasks), 20)
+
+        assert watch_opens(running) == 2  # one upstream watch per distinct selector
+        first_web = results[0]
+        assert names(first_web[:3]) == [("ADDED", f"web-{i}") for i in range(3)]
+        for events in results[:10]:
+            assert events == first_web
+            rvs = [rv_of(e) for e in events[3:]]
+            assert rvs == sorted(rvs) and len(set(rvs)) == len(rvs)
+        for events in results[10:]:
+            assert events == results[10]
+            assert all(e["object"]["metadata"]["labels"]["app"] == "db" for e in events)
+
+
+async def test_resource_version_semantics(tmp_path: Any) -> None:
+    async with running_proxy(tmp_path) as running, aiohttp.ClientSession() as session:
+        store = running.fake.store
+        created = [store.create("pods", "default", pod(f"p{i}")) for i in range(3)]
+        # Warm the shared watch so that later starts are served from its history.
+        warm = await read_watch(
+            session, running.url + PODS + "?watch=1", until=lambda e: len(e) == 3
+        )
+        assert {n for _, n in names(warm)} == {"p0", "p1", "p2"}
+        assert created
+        # History starts at the shared watch's list: replay from an RV inside it.
+        mid_rv = store.modify("pods", "default", "p1", set_phase("Running"))["metadata"][
+            "resourceVersion"
+        ]
+        store.create("pods", "default", pod("p3"))
+        store.modify("pods", "default", "p0", set_phase("Running"))
+
+        def stream(query: str, count: int) -> Any:
+            return read_watch(session, running.url + PODS + query, until=lambda e: len(e) >= count)
+
+        await asyncio.sleep(0.2)  # let the shared watch take in the changes
+        unset = await stream("?watch=1", 4)
+        zero = await stream("?watch=1&resourceVersion=0", 4)
+        assert {e["type"] for e in unset} == {e["type"] for e in zero} == {"ADDED"}
+        assert {n for _, n in names(unset)} == {"p0", "p1", "p2", "p3"}
+        replay = await stream(f"?watch=1&resourceVersion={mid_rv}", 2)
+        assert names(replay) == [("ADDED", "p3"), ("MODIFIED", "p0")]
+        assert all(rv_of(e) > int(mid_rv) for e in replay)
+        # The upstream saw one watch for all of this.
+        assert watch_opens(running) == 1
+
+
+async def test_rv_older_than_window_gets_in_stream_410(tmp_path: Any) -> None:
+    overrides = {"hub.history_size": 3}
+    async with running_proxy(tmp_path, overrides) as running, aiohttp.ClientSession() as session:
+        store = running.fake.store
+        first = store.create("pods", "default", pod("p"))
+        await read_watch(session, running.url + PODS + "?watch=1", until=lambda e: len(e) == 1)
+        for i in range(6):
+            store.modify("pods", "default", "p", set_phase(f"P{i}"))
+        await asyncio.sleep(0.2)
+        url = (
+            running.url + PODS + f"?watch=1&resourceVersion={first['metadata']['resourceVersion']}"
+        )
+        async with session.get(url) as response:
+            assert response.status == 200
+            body = await asyncio.wait_for(response.read(), 5)
+        lines = body.splitlines()
+        assert len(lines) == 1
+        event = json.loads(lines[0])
+        assert event["type"] == "ERROR"
+        assert event["object"]["code"] == 410
+        assert event["object"]["reason"] == "Expired"
+
+
+async def test_bookmarks_only_for_clients_that_asked(tmp_path: Any) -> None:
+    overrides = {"hub.bookmark_interval_seconds": 0.2}
+    async with running_proxy(tmp_path, overrides) as running, aiohttp.ClientSession() as session:
+        running.fake.store.create("pods", "default", pod("p"))
+        with_bookmarks = await read_watch(
+            session,
+            running.url + PODS + "?watch=1&allowWatchBookmarks=true&timeoutSeconds=1",
+            until=lambda e: False,
+        )
+        without = await read_watch(
+            session, running.url + PODS + "?watch=1&timeoutSeconds=1", until=lambda e: False
+        )
+        bookmarks = [e for e in with_bookmarks if e["type"] == "BOOKMARK"]
+        assert len(bookmarks) >= 2
+        assert bookmarks[0]["object"]["kind"] == "Pod"
+        assert set(bookmarks[0]["object"]["metadata"]) == {"resourceVersion"}
+        assert [e["type"] for e in without] == ["ADDED"]
+
+
+async def test_timeout_seconds_ends_with_clean_eof(tmp_path: Any) -> None:
+    async with running_proxy(tmp_path) as running, aiohttp.ClientSession() as session:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        async with session.get(running.url + PODS + "?watch=1&timeoutSeconds=1") as response:
+            assert response.status == 200
+            assert response.headers["Content-Type"].startswith("application/json")
+            body = await asyncio.wait_for(response.read(), 5)  # raises if the end is not clean
+        elapsed = loop.time() - started
+        assert body == b""
+        assert 0.9 <= elapsed < 3
+
+
+async def test_send_initial_events_ends_with_annotated_bookmark(tmp_path: Any) -> None:
+    async with running_proxy(tmp_path) as running, aiohttp.ClientSession() as session:
+        for i in range(2):
+            running.fake.store.create("pods", "default", pod(f"p{i}"))
+        query = (
+            "?watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan"
+            "&allowWatchBookmarks=true"
+        )
+        events = await read_watch(session, running.url + PODS + query, until=lambda e: len(e) == 3)
+        assert [e["type"] for e in events] == ["ADDED", "ADDED", "BOOKMARK"]
+        annotations = events[2]["object"]["metadata"]["annotations"]
+        assert annotations == {"k8s.io/initial-events-end": "true"}
+
+
+async def test_upstream_410_relists_without_breaking_client_streams(tmp_path: Any) -> None:
+    async with running_proxy(tmp_path) as running, aiohttp.ClientSession() as session:
+        store = running.fake.store
+        for i in range(3):
+            store.create("pods", "default", pod(f"p{i}"))
+        events: list[dict[str, Any]] = []
+        done = asyncio.Event()
+
+        async def follow() -> None:
+            async with session.get(running.url + PODS + "?watch=1") as response:
+                async for raw in response.content:
+                    events.append(json.loads(raw))
+                    if ("DELETED", "p1") in names(events) and ("ADDED", "p9") in names(events):
+                        done.set()
+                        return
+
+        task = asyncio.ensure_future(follow())
+        await running.fake.stats.wait_until(lambda s: s.active_watches >= 1)
+        await asyncio.sleep(0.1)
+        # While the upstream watch is down, things change and history is compacted away.
+        await running.fake.faults.outage("refuse")
+        store.delete("pods", "default", "p1")
+        store.create("pods", "default", pod("p9"))
+        store.modify("pods", "default", "p0", set_phase("Running"))
+        store.compact()
+        await running.fake.faults.recover()
+        await asyncio.wait_for(done.wait(), 20)
+        await asyncio.wait_for(task, 5)
+        state = {n: t for t, n in names(events)}
+        assert state == {"p0": "MODIFIED", "p1": "DELETED", "p2": "ADDED", "p9": "ADDED"}
+        rvs = [rv_of(e) for e in events[3:]]
+        assert rvs == sorted(rvs)
+        assert running.proxy.metrics.relists._value.get() >= 1  # type: ignore[attr-defined]
+
+
+async def test_watch_the_hub_cannot_serve_passes_through(tmp_path: Any) -> None:
+    async with running_proxy(tmp_path) as running, aiohttp.ClientSession() as session:
+        running.fake.store.create("pods", "default", pod("p"))
+        headers = {"Accept": "application/vnd.kubernetes.protobuf, application/json"}
+        async with session.get(
+            running.url + PODS + "?watch=1&timeoutSeconds=1", headers=headers
+        ) as response:
+            await response.read()
+        assert watch_opens(running) == 1
+        [record] = [r for r in running.fake.stats.requests if r.watch]
+        assert "timeoutSeconds=1" in record.query_string  # forwarded exactly as the client sent it
