@@ -427,8 +427,6 @@ def test_resume_at_a_relist_delete_rv_replays_all_its_deletes() -> None:
     cache, events = relisted_cache()
     plan = cache.plan("20")  # the client may have seen only DELETE c
     assert plan.next_seq == events[2].seq
-    assert cache.plan("15").next_seq == events[2].seq
-    assert cache.plan("12").next_seq == events[1].seq
     assert cache.plan("11").next_seq == events[0].seq
     cache.apply(ADDED, pod("f", 21))
     assert cache.plan("20").next_seq == events[2].seq
@@ -456,6 +454,30 @@ def test_relist_with_older_rv_is_refused_and_reset_ends_every_cursor() -> None:
     assert keyed(cache.objects_snapshot()) == keyed([pod("a", 3)])
     assert cache.plan("11").expired
     assert cache.plan("12") == StartPlan(initial=[], next_seq=cache.next_seq)
+
+
+def test_rv_inside_a_relist_gap_is_expired() -> None:
+    cache, _ = relisted_cache()  # relist from 11 to 20; e@12 and b@15 inside
+    for rv in ("12", "15", "19"):
+        assert cache.plan(rv).expired
+    assert not cache.plan("11").expired and not cache.plan("20").expired
+
+
+def test_subscriber_ahead_of_the_cache_is_ended_when_a_relist_jumps_over_it() -> None:
+    cache = make_cache()
+    cache.replace([pod("a", 5)], "10")
+    # the upstream watch broke at 10; a client LISTed directly at 13 and saw ghost@12
+    plan = cache.plan("13")
+    assert plan.min_rv == 13
+    cache.replace([pod("a", 5)], "15")  # ghost was deleted at 14: nothing to diff
+    assert cache.events_from(plan.next_seq, plan.min_rv) is None
+    assert cache.plan("13").expired  # and its re-watch is told to relist
+    inside, beyond = cache.plan("16"), cache.plan("18")
+    cache.replace([pod("a", 5)], "17")
+    assert cache.events_from(inside.next_seq, inside.min_rv) is None
+    assert cache.events_from(beyond.next_seq, beyond.min_rv) == []  # 18 is past the gap
+    plain = cache.plan("15")
+    assert cache.events_from(plain.next_seq, plain.min_rv) == []
 
 
 def test_relist_anomaly_below_the_cache_rv_keeps_history_monotonic() -> None:
@@ -574,6 +596,7 @@ def test_every_subscriber_reaches_the_current_state(data: st.DataObject) -> None
     # (rv string, state, last seq) at every point a client could have stopped
     checkpoints: list[tuple[str, dict[str, Obj], int]] = []
     subscribers: list[Subscriber] = []
+    gaps: list[tuple[int, int]] = []  # (cache RV, list RV) of every relist
     last_rv = -1
 
     def record(events: list[CachedEvent]) -> None:
@@ -615,6 +638,7 @@ def test_every_subscriber_reaches_the_current_state(data: st.DataObject) -> None
         elif op == "break":
             watching = False
         elif op == "relist":
+            gaps.append((cache.resource_version or 0, etcd_rv))
             record(cache.replace(list(truth.values()), str(etcd_rv)))
             checkpoints.append((str(etcd_rv), dict(mirror), cache.next_seq - 1))
             watching = True
@@ -634,7 +658,10 @@ def test_every_subscriber_reaches_the_current_state(data: st.DataObject) -> None
                 rv_str, state, seq = data.draw(st.sampled_from(checkpoints))
                 plan = cache.plan(rv_str)
                 if plan.expired:
-                    assert int(rv_str) < (cache.oldest_resumable_rv or 0)
+                    rv = int(rv_str)
+                    assert rv < (cache.oldest_resumable_rv or 0) or any(
+                        before < rv < after for before, after in gaps
+                    )
                 else:
                     subscribers.append(Subscriber(plan, dict(state), int(rv_str), seq))
             else:  # the client did its own consistent LIST upstream
@@ -649,9 +676,9 @@ def test_every_subscriber_reaches_the_current_state(data: st.DataObject) -> None
     assert keyed(cache.objects_snapshot()) == keyed(list(truth.values()))
 
     for sub in subscribers:
-        events = cache.events_from(sub.plan.next_seq)
+        events = cache.events_from(sub.plan.next_seq, sub.plan.min_rv)
         if events is None:
-            continue  # evicted: this subscriber was too slow and is ended
+            continue  # evicted (too slow), or a relist jumped over it: it is ended
         lines = [line for line in sub.plan.initial if decode(line)[0] != "BOOKMARK"]
         apply_lines(sub.state, lines)
         delivered = [e for e in events if sub.plan.wants(e)]

@@ -22,6 +22,12 @@ has is a no-op for client-go's informers, while a missed one would leave a ghost
 once any of them is evicted that RV is no longer resumable. Upstream events at or below the
 cache RV (the relist covered them, or a reconnect repeated them) are ignored.
 
+A relist from cache RV ``R`` to list RV ``L`` is a gap in the history: a client whose state is
+at an RV strictly between them (from its own LIST, or from the middle of the diff) may hold an
+object created and deleted within the gap, which no diff can know to delete. Such an RV is
+answered with 410 Expired by :meth:`WatchCache.plan`, and a subscriber that joined ahead of
+the cache with such an RV is ended by :meth:`WatchCache.events_from` (pass its ``min_rv``).
+
 A list whose RV is older than the cache's (an etcd restore, a stale read) cannot be reconciled
 without sending clients back in time: :meth:`WatchCache.replace` raises
 :class:`ListRegressed`, and the hub either relists consistently or calls
@@ -150,6 +156,7 @@ class WatchCache:
         self._rv: int | None = None
         self._rv_str: str | None = None
         self._oldest_resumable: int | None = None
+        self._gaps: list[tuple[int, int, int]] = []  # (seq at the relist, RV before, list RV)
         self._bookmark_cache: tuple[str, bytes] | None = None
 
     # --- properties ---------------------------------------------------------------------
@@ -201,6 +208,8 @@ class WatchCache:
             return []
         if rv < self._rv:
             raise ListRegressed(f"list resourceVersion {rv} is older than the cache's {self._rv}")
+        if rv > self._rv:
+            self._gaps.append((self._next_seq, self._rv, rv))
         now = self._clock()
         changed = [
             (entry.rv, key, entry)
@@ -234,6 +243,7 @@ class WatchCache:
         rv = parse_rv(list_rv)
         self._state = self._keyed(items)
         self._events, self._head, self._bytes = [], 0, 0
+        self._gaps = []
         self._next_seq += 1
         self._rv, self._rv_str = rv, list_rv
         self._oldest_resumable = rv
@@ -292,7 +302,9 @@ class WatchCache:
             return StartPlan(initial=initial, next_seq=self._next_seq, initial_rv=self._rv_str)
         wanted = parse_rv(rv)
         assert self._oldest_resumable is not None
-        if wanted < self._oldest_resumable:
+        if wanted < self._oldest_resumable or any(
+            before < wanted < after for _, before, after in self._gaps
+        ):
             return StartPlan(initial=[], next_seq=self._next_seq, expired=True)
         if wanted > self._rv:
             return StartPlan(initial=[], next_seq=self._next_seq, min_rv=wanted)
@@ -309,10 +321,19 @@ class WatchCache:
             initial=[], next_seq=events[at].seq if at < len(events) else self._next_seq
         )
 
-    def events_from(self, seq: int) -> Sequence[CachedEvent] | None:
-        """Events with ``seq`` and later; None if ``seq`` was evicted (the cursor is too slow)."""
+    def events_from(self, seq: int, min_rv: int = -1) -> Sequence[CachedEvent] | None:
+        """Events with ``seq`` and later; None if that subscriber must be ended.
+
+        None when ``seq`` was evicted (the cursor is too slow), or when a relist at or after
+        ``seq`` jumped over ``min_rv`` (the plan's, for a subscriber that joined ahead of the
+        cache): its state cannot be reconciled; on re-watch it gets 410 Expired.
+        """
         oldest = self.oldest_seq
         if seq < oldest:
+            return None
+        if min_rv >= 0 and any(
+            seq <= at and before < min_rv < after for at, before, after in self._gaps
+        ):
             return None
         if seq >= self._next_seq:
             return []
@@ -400,6 +421,9 @@ class WatchCache:
                 self._oldest_resumable = floor
         self._head = head
         self._compact()
+        if evicted and self._gaps:
+            oldest_seq, resumable = self.oldest_seq, self._oldest_resumable or 0
+            self._gaps = [gap for gap in self._gaps if gap[0] >= oldest_seq or gap[2] > resumable]
         return evicted
 
     def _compact(self) -> None:

@@ -1,0 +1,1 @@
+"""Benchmarks for watchproxy (not part of the test suite). See bench/README.md."""

@@ -1,0 +1,126 @@
+"""Role: the fake apiserver and the event generator, in one process.
+
+``python -m bench.fake --dir DIR [--objects K] [--object-bytes B] [--no-tls]`` prints
+``{"url", "ca", "token", "kubeconfig", "rv"}`` once it serves, then answers commands:
+
+- ``state``: ``{"rv": <store RV>, "watches": <open watch streams>}``
+- ``gen E R``: modify the K configmaps round-robin E times, at R events/s (R <= 0: as fast as
+  the loop allows, yielding after each write so the watch streams interleave). Every object is
+  stamped with ``bench/sent-ns`` = time.time_ns() right before its write. Answers
+  ``{"first_ns", "last_ns", "rv_first", "rv_last", "late_ms"}`` when the last write is done
+  (``late_ms``: how far the paced schedule slipped at worst).
+
+Only the generator writes after start-up, so the E events carry RVs rv_first..rv_last with no
+gaps: subscribers check exactly that.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import time
+from typing import Any
+
+from watchproxy.fakeapi import FakeApiServer
+
+from bench.roles import NAMESPACE, RESOURCE, STAMP_KEY, emit, run, serve_commands
+
+
+class Generator:
+    """Writes stamped modifications to a fixed set of objects."""
+
+    def __init__(self, fake: FakeApiServer, objects: int, object_bytes: int) -> None:
+        self.fake = fake
+        self.names = [f"bench-{i}" for i in range(objects)]
+        self.seq = 0
+        payload = "x" * max(0, object_bytes - 300)  # ~300 bytes of envelope and metadata
+        for name in self.names:
+            fake.store.create(
+                RESOURCE,
+                NAMESPACE,
+                {
+                    "metadata": {"name": name, "labels": {"app": "bench"}},
+                    "data": {"seq": "0", "payload": payload},
+                },
+            )
+
+    def _write_one(self) -> int:
+        self.seq += 1
+        seq = self.seq
+
+        def stamp(obj: dict[str, Any]) -> None:
+            obj["data"]["seq"] = str(seq)
+            obj["metadata"].setdefault("annotations", {})[STAMP_KEY] = str(time.time_ns())
+
+        name = self.names[seq % len(self.names)]
+        written = self.fake.store.modify(RESOURCE, NAMESPACE, name, stamp)
+        return int(written["metadata"]["resourceVersion"])
+
+    async def generate(self, events: int, rate: float) -> dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        first_ns = time.time_ns()
+        start = loop.time()
+        rv_first = rv_last = -1
+        late = 0.0
+        for done in range(events):
+            if rate > 0:
+                # Paced against the start time so the rate does not drift with write cost.
+                delay = start + done / rate - loop.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                else:
+                    late = max(late, -delay)
+            rv_last = self._write_one()
+            if done == 0:
+                rv_first = rv_last
+            if rate <= 0:
+                await asyncio.sleep(0)
+        return {
+            "first_ns": first_ns,
+            "last_ns": time.time_ns(),
+            "rv_first": rv_first,
+            "rv_last": rv_last,
+            "late_ms": round(late * 1000, 3),
+        }
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(prog="bench.fake")
+    parser.add_argument("--dir", required=True)
+    parser.add_argument("--objects", type=int, default=50)
+    parser.add_argument("--object-bytes", type=int, default=1024)
+    parser.add_argument("--history", type=int, default=200_000)
+    parser.add_argument("--no-tls", action="store_true")
+    args = parser.parse_args()
+
+    fake = FakeApiServer(tls=not args.no_tls, history_size=args.history, bookmark_interval=5.0)
+    await fake.start()
+    try:
+        generator = Generator(fake, args.objects, args.object_bytes)
+        kubeconfig = fake.write_kubeconfig(os.path.join(args.dir, "upstream.kubeconfig"))
+        emit(
+            {
+                "url": fake.url,
+                "ca": fake.ca_path,
+                "token": fake.token,
+                "kubeconfig": kubeconfig,
+                "rv": fake.store.resource_version,
+            }
+        )
+
+        async def handle(words: list[str]) -> dict[str, Any] | None:
+            if words[0] == "state":
+                return {"rv": fake.store.resource_version, "watches": fake.stats.active_watches}
+            if words[0] == "gen":
+                fake.stats.reset()  # keep the request log from growing over a long run
+                return await generator.generate(int(words[1]), float(words[2]))
+            return {"error": f"unknown command {words[0]!r}"}
+
+        await serve_commands(handle)
+    finally:
+        await fake.stop()
+
+
+if __name__ == "__main__":
+    run(main)

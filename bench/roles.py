@@ -1,0 +1,72 @@
+"""What every benchmark role process shares: the line protocol with the orchestrator.
+
+Each role (``bench.fake``, ``bench.proxy``, ``bench.ceiling``, ``bench.subscribers``) is its own
+OS process with its own event loop (uvloop). It reads one command per line on stdin and answers
+with one JSON object per line on stdout; logs go to stderr. End of stdin means the orchestrator
+is gone: the role stops, so nothing outlives a crashed or killed run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+# Our event lines carry this annotation: the generator's time.time_ns() just before the write.
+STAMP_KEY = "bench/sent-ns"
+NAMESPACE = "default"
+RESOURCE = "configmaps"
+WATCH_PATH = f"/api/v1/namespaces/{NAMESPACE}/{RESOURCE}"
+
+
+def install_uvloop() -> None:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - a dependency of watchproxy
+        return
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+def emit(message: dict[str, Any]) -> None:
+    """One JSON line to the orchestrator."""
+    sys.stdout.write(json.dumps(message, separators=(",", ":")) + "\n")
+    sys.stdout.flush()
+
+
+async def stdin_reader() -> asyncio.StreamReader:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=1 << 20)
+    await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(sys.stdin.fileno(), "rb", 0)
+    )
+    return reader
+
+
+async def serve_commands(
+    handle: Callable[[list[str]], Coroutine[Any, Any, dict[str, Any] | None]],
+) -> None:
+    """Answer commands until ``quit`` or end of stdin. ``handle`` returns the reply (or None)."""
+    reader = await stdin_reader()
+    while True:
+        raw = await reader.readline()
+        if not raw:
+            return  # the orchestrator went away
+        words = raw.decode().split()
+        if not words:
+            continue
+        if words[0] == "quit":
+            return
+        reply = await handle(words)
+        if reply is not None:
+            emit(reply)
+
+
+def run(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    install_uvloop()
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:  # pragma: no cover - Ctrl-C reaches the whole process group
+        pass
