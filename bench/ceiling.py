@@ -4,7 +4,8 @@
 GET on it is a chunked watch stream. The first client of an idle server opens ONE upstream watch
 with that client's path and query (TLS + token, like watchproxy); every chunk read from it is cut
 at its last newline and those bytes, never decoded, are written to every client in turn (the
-same aiohttp ``StreamResponse.write`` watchproxy uses). The upstream watch closes when the last
+same aiohttp ``StreamResponse.write`` watchproxy uses; what arrives while a round of writes is
+under way goes out together in the next round). The upstream watch closes when the last
 client leaves. No history, no per-client start point, no slow-client policy: clients that join a
 running broadcast simply get what follows.
 """
@@ -52,26 +53,45 @@ class Broadcast:
         return response
 
     async def _pump(self, path_qs: str) -> None:
+        """Read the upstream watch; a writer task sends what accumulated to every client."""
         assert self.session is not None
         headers = {"Authorization": f"Bearer {self.token}"}
         timeout = aiohttp.ClientTimeout(total=None, sock_read=None)
-        async with self.session.get(
-            self.upstream + path_qs, headers=headers, ssl=self.ssl, timeout=timeout
-        ) as upstream:
-            rest = b""
-            async for chunk in upstream.content.iter_any():
-                end = chunk.rfind(b"\n")
-                if end < 0:
-                    rest += chunk
-                    continue
-                data = rest + chunk[: end + 1] if rest else chunk[: end + 1]
-                rest = chunk[end + 1 :]
-                for client in list(self.clients):
-                    try:
-                        await client.write(data)
-                    except (ConnectionError, RuntimeError):
-                        if client in self.clients:
-                            self.clients.remove(client)
+        pending: list[bytes] = []
+        wake = asyncio.Event()
+        writer = asyncio.create_task(self._write_all(pending, wake))
+        try:
+            async with self.session.get(
+                self.upstream + path_qs, headers=headers, ssl=self.ssl, timeout=timeout
+            ) as upstream:
+                rest = b""
+                async for chunk in upstream.content.iter_any():
+                    end = chunk.rfind(b"\n")
+                    if end < 0:
+                        rest += chunk
+                        continue
+                    pending.append(rest + chunk[: end + 1] if rest else chunk[: end + 1])
+                    rest = chunk[end + 1 :]
+                    wake.set()
+        finally:
+            writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await writer
+
+    async def _write_all(self, pending: list[bytes], wake: asyncio.Event) -> None:
+        # Whatever arrived while the previous round was being written goes out as one write
+        # per client: the same batching a lagging watchproxy subscriber gets from its cursor.
+        while True:
+            await wake.wait()
+            wake.clear()
+            data = b"".join(pending)
+            pending.clear()
+            for client in list(self.clients):
+                try:
+                    await client.write(data)
+                except (ConnectionError, RuntimeError):
+                    if client in self.clients:
+                        self.clients.remove(client)
 
 
 async def main() -> None:
@@ -80,7 +100,9 @@ async def main() -> None:
     parser.add_argument("--token", required=True)
     parser.add_argument("--ca", default="")
     args = parser.parse_args()
-    ssl_context: ssl.SSLContext | bool = ssl.create_default_context(cafile=args.ca) if args.ca else False
+    ssl_context: ssl.SSLContext | bool = (
+        ssl.create_default_context(cafile=args.ca) if args.ca else False
+    )
     broadcast = Broadcast(args.upstream, args.token, ssl_context)
     broadcast.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
     app = web.Application()
@@ -89,10 +111,10 @@ async def main() -> None:
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    server = site._server
-    assert isinstance(server, asyncio.Server)
+    server = site._server  # asyncio.Server or uvloop's Server: both have .sockets
+    assert server is not None
     try:
-        emit({"port": server.sockets[0].getsockname()[1]})
+        emit({"port": server.sockets[0].getsockname()[1]})  # type: ignore[attr-defined]
 
         async def handle(words: list[str]) -> dict[str, object]:
             return {"error": f"unknown command {words[0]!r}"}

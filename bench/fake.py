@@ -4,6 +4,7 @@
 ``{"url", "ca", "token", "kubeconfig", "rv"}`` once it serves, then answers commands:
 
 - ``state``: ``{"rv": <store RV>, "watches": <open watch streams>}``
+- ``poke``: one write between cells (no answer)
 - ``gen E R``: modify the K configmaps round-robin E times, at R events/s (R <= 0: as fast as
   the loop allows, yielding after each write so the watch streams interleave). Every object is
   stamped with ``bench/sent-ns`` = time.time_ns() right before its write. Answers
@@ -22,9 +23,8 @@ import os
 import time
 from typing import Any
 
-from watchproxy.fakeapi import FakeApiServer
-
 from bench.roles import NAMESPACE, RESOURCE, STAMP_KEY, emit, run, serve_commands
+from watchproxy.fakeapi import FakeApiServer
 
 
 class Generator:
@@ -56,6 +56,12 @@ class Generator:
         name = self.names[seq % len(self.names)]
         written = self.fake.store.modify(RESOURCE, NAMESPACE, name, stamp)
         return int(written["metadata"]["resourceVersion"])
+
+    def poke(self) -> None:
+        self.fake.store.modify(
+            RESOURCE, NAMESPACE, self.names[0], lambda obj: obj["data"].update(poke=str(self.seq))
+        )
+        self.seq += 1
 
     async def generate(self, events: int, rate: float) -> dict[str, Any]:
         loop = asyncio.get_running_loop()
@@ -112,6 +118,11 @@ async def main() -> None:
         async def handle(words: list[str]) -> dict[str, Any] | None:
             if words[0] == "state":
                 return {"rv": fake.store.resource_version, "watches": fake.stats.active_watches}
+            if words[0] == "poke":
+                # One write outside any cell: wakes idle watchproxy subscribers of clients that
+                # have gone, so they notice at once instead of at their next liveness poll.
+                generator.poke()
+                return None
             if words[0] == "gen":
                 fake.stats.reset()  # keep the request log from growing over a long run
                 return await generator.generate(int(words[1]), float(words[2]))

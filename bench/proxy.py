@@ -1,8 +1,8 @@
 """Role: watchproxy itself, in front of the fake apiserver, on uvloop as ``watchproxy run`` is.
 
-``python -m bench.proxy --kubeconfig PATH [--max-lag N] [--profile OUT.prof]`` prints
-``{"port", "admin_port"}`` once the proxy reaches its upstream, and runs until ``quit`` or end of
-stdin. ``--profile`` runs the whole process under cProfile and writes the stats on exit.
+``python -m bench.proxy --kubeconfig PATH [--max-lag N] [--profile OUT.prof] [--loop L]``
+prints ``{"port", "admin_port"}`` once the proxy reaches its upstream, and runs until ``quit``
+or end of stdin. ``--profile`` runs the whole process under cProfile and writes the stats on exit.
 """
 
 from __future__ import annotations
@@ -12,12 +12,30 @@ import asyncio
 import cProfile
 import time
 
+from aiohttp import web
+
+from bench.roles import emit, install_uvloop, serve_commands
 from watchproxy.app import Proxy
 from watchproxy.config import build_config
 from watchproxy.credentials import from_kubeconfig
 from watchproxy.logs import setup_logging
 
-from bench.roles import emit, install_uvloop, serve_commands
+
+class BenchProxy(Proxy):
+    """watchproxy as is, except ``_serve``: ``Proxy._serve`` asserts that the bound server is an
+    ``asyncio.Server``, which uvloop's is not (so ``watchproxy run`` on uvloop fails to start).
+    This copy reads the port without that assertion; drop it once app.py accepts uvloop."""
+
+    async def _serve(self, app: web.Application, host: str, port: int) -> int:
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0)
+        await runner.setup()
+        site = web.TCPSite(runner, host, port, reuse_address=True)
+        await site.start()
+        self._runners.append(runner)
+        server = site._server
+        assert server is not None
+        bound: int = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
+        return bound
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -38,7 +56,7 @@ async def main(args: argparse.Namespace) -> None:
         file_name="bench",
     )
     setup_logging(config.logging.level, as_json=False)
-    proxy = Proxy(config, from_kubeconfig(args.kubeconfig))
+    proxy = BenchProxy(config, from_kubeconfig(args.kubeconfig))
     await proxy.start()
     try:
         deadline = time.monotonic() + 30
@@ -61,8 +79,10 @@ def cli() -> None:
     parser.add_argument("--kubeconfig", required=True)
     parser.add_argument("--max-lag", type=int, default=200_000)
     parser.add_argument("--profile", default="")
+    parser.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop")
     args = parser.parse_args()
-    install_uvloop()
+    if args.loop == "uvloop":
+        install_uvloop()
     profiler = cProfile.Profile() if args.profile else None
     if profiler is not None:
         profiler.enable()

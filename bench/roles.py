@@ -9,6 +9,7 @@ is gone: the role stops, so nothing outlives a crashed or killed run.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -66,7 +67,5 @@ async def serve_commands(
 
 def run(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
     install_uvloop()
-    try:
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C reaches the whole process group
         asyncio.run(main())
-    except KeyboardInterrupt:  # pragma: no cover - Ctrl-C reaches the whole process group
-        pass

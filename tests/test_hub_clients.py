@@ -236,7 +236,7 @@ def _in_thread(fn: Any, *args: Any) -> asyncio.Future[Any]:
     def target() -> None:
         try:
             result = fn(*args)
-        except BaseException as error:  # noqa: BLE001 - handed to the awaiting test
+        except BaseException as error:
             loop.call_soon_threadsafe(_settle, future, None, error)
         else:
             loop.call_soon_threadsafe(_settle, future, result, None)

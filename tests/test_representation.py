@@ -183,7 +183,7 @@ def pod_item(name: str, rv: str, namespace: str | None = "default") -> dict[str,
 
 def test_json_list_items_get_kind_and_api_version() -> None:
     rep = JsonRepresentation()
-    body = {
+    body: dict[str, Any] = {
         "kind": "PodList",
         "apiVersion": "v1",
         "metadata": {"resourceVersion": "100"},

@@ -23,7 +23,7 @@ from watchproxy.config import HubConfig, UpstreamConfig
 from watchproxy.connectivity import Connectivity
 from watchproxy.errors import ProxyError, UpstreamUnavailable
 from watchproxy.metrics import Metrics
-from watchproxy.representation import Representation
+from watchproxy.representation import Representation, encode_json
 from watchproxy.sharedwatch import SharedWatch, UpstreamRefused
 from watchproxy.subscriber import Subscriber, SubscriberOptions
 from watchproxy.upstream import Upstream
@@ -113,8 +113,9 @@ class Hub:
         task.add_done_callback(self._retired.discard)
 
     def _deadline(self, query: WatchQuery) -> float:
-        if query.timeout_seconds is not None:
+        if query.timeout_seconds:
             return float(query.timeout_seconds)
+        # timeoutSeconds=0 means "the server's default", as in the apiserver.
         # Randomized so that clients do not all come back at the same moment.
         return self.rng.uniform(
             self.config.client_watch_min_seconds, self.config.client_watch_max_seconds
@@ -192,6 +193,33 @@ class Hub:
             gauge.dec()
             self.active_clients -= 1
             shared.detach()
+
+    def serve_list(
+        self, request: web.Request, api_path: ApiPath, query: WatchQuery
+    ) -> web.Response | None:
+        """A LIST with resourceVersion=0 ("any state") from a synced shared watch, if one fits.
+
+        Like the apiserver's watch cache, this answers without an upstream request — and keeps
+        answering while the apiserver is unreachable. ``limit`` is ignored, as the cache does.
+        """
+        if query.resource_version != "0" or query.continue_token:
+            return None
+        auth = request.headers.get("Authorization") if self.forward_identity else None
+        found = watch_key(
+            api_path,
+            query,
+            accept=request.headers.get("Accept"),
+            identity=identity_of(auth, self.forward_identity),
+        )
+        if isinstance(found, Unservable):
+            return None
+        shared = self.watches.get(found[0])
+        if shared is None or shared.closed or not shared.cache.synced:
+            return None
+        rv = shared.cache.resource_version_str or "0"
+        body = shared.representation.list_body(shared.cache.objects_snapshot(), rv)
+        self.metrics.lists_from_cache.inc()
+        return web.Response(body=encode_json(body), content_type="application/json")
 
     async def close(self) -> None:
         """End every shared watch; their subscribers finish their streams cleanly."""

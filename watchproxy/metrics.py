@@ -144,6 +144,11 @@ class Metrics:
             "Relists of a shared watch after the upstream answered 410 Expired.",
             registry=r,
         )
+        self.lists_from_cache = Counter(
+            "watchproxy_lists_from_cache",
+            "LIST requests with resourceVersion=0 answered from a shared watch's state.",
+            registry=r,
+        )
         self.passthrough_watches = Counter(
             "watchproxy_watch_passthrough",
             "Client watches passed through unshared (the hub cannot serve them), by reason.",

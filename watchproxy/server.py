@@ -31,6 +31,10 @@ class WatchServer(Protocol):
         self, request: web.Request, api_path: ApiPath, query: WatchQuery
     ) -> web.StreamResponse | None: ...
 
+    def serve_list(
+        self, request: web.Request, api_path: ApiPath, query: WatchQuery
+    ) -> web.Response | None: ...
+
 
 def status_response(error: ProxyError) -> web.Response:
     response = web.Response(
@@ -134,6 +138,10 @@ class ApiHandler:
                 raise TooManyRequests(
                     f"client {request.remote} exceeds its {verb} rate limit", retry_after=wait
                 )
+        if verb == "list" and self.hub is not None and query is not None:
+            cached = self.hub.serve_list(request, api_path, query)
+            if cached is not None:
+                return verb, cached
         if verb == "watch" and self.hub is not None and query is not None:
             served = await self.hub.serve(request, api_path, query)
             if served is not None:

@@ -182,11 +182,14 @@ class SharedWatch:
             params["fieldSelector"] = self.key.field_selector
         if self.key.include_object:
             params["includeObject"] = self.key.include_object
+        params.update(self.representation.query_params)
         params.update(extra)
         return urllib.parse.urlencode(params, quote_via=urllib.parse.quote, safe="")
 
-    def _headers(self) -> dict[str, str]:
-        return {"Accept": self.representation.accept_header, "User-Agent": "watchproxy"}
+    def _headers(self, verb: str) -> dict[str, str]:
+        rep = self.representation
+        accept = rep.list_accept_header if verb == "list" else rep.watch_accept_header
+        return {"Accept": accept, "User-Agent": "watchproxy"}
 
     async def _run(self) -> None:
         try:
@@ -248,7 +251,7 @@ class SharedWatch:
         return await self.upstream.open(
             "GET",
             path_qs,
-            headers=self._headers(),
+            headers=self._headers(verb),
             verb=verb,
             streaming=streaming,
             read_timeout=self.upstream_config.watch_read_timeout_seconds if streaming else None,

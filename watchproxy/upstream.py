@@ -19,6 +19,7 @@ from yarl import URL
 
 from watchproxy.config import UpstreamConfig
 from watchproxy.connectivity import Connectivity
+from watchproxy.connector import PROBING, SerialConnector
 from watchproxy.credentials import UpstreamTarget
 from watchproxy.errors import UpstreamTimeout, UpstreamUnavailable
 from watchproxy.metrics import Metrics
@@ -50,7 +51,9 @@ class Upstream:
         self.connectivity: Connectivity | None = None
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(
+        connector = SerialConnector(
+            is_down=lambda: self.connectivity is not None and self.connectivity.down,
+            on_failure=lambda: self._mark(False),
             ssl=self.target.ssl_context if self.target.ssl_context is not None else False,
             limit=0,
             ttl_dns_cache=30,
@@ -172,7 +175,11 @@ class Upstream:
 
     async def probe(self) -> bool:
         """One reachability check (used by the connectivity prober only)."""
-        response = await self.open("GET", "/readyz", verb="get", probe=True, wait=True)
+        token = PROBING.set(True)
+        try:
+            response = await self.open("GET", "/readyz", verb="get", probe=True, wait=True)
+        finally:
+            PROBING.reset(token)
         response.release()
         return response.status < 500
 

@@ -28,6 +28,10 @@ object created and deleted within the gap, which no diff can know to delete. Suc
 answered with 410 Expired by :meth:`WatchCache.plan`, and a subscriber that joined ahead of
 the cache with such an RV is ended by :meth:`WatchCache.events_from` (pass its ``min_rv``).
 
+Eviction: beyond ``capacity`` events, and events older than ``max_age`` except the DELETEs of
+the latest relist while nothing newer has arrived (see above: their RV is every idle client's).
+Evicting an event makes RVs below its own unresumable.
+
 A list whose RV is older than the cache's (an etcd restore, a stale read) cannot be reconciled
 without sending clients back in time: :meth:`WatchCache.replace` raises
 :class:`ListRegressed`, and the hub either relists consistently or calls
@@ -128,8 +132,9 @@ class WatchCache:
     Guarantees: history RVs never decrease and seqs increase by one; every event in history
     with ``rv > N`` for ``N >= oldest_resumable_rv`` is retained, so a client at ``N`` that
     replays them (see :meth:`plan`) reaches the current state; events at or below the cache
-    RV are never appended twice; the history holds at most ``capacity`` events and none older
-    than ``max_age`` once :meth:`apply` or :meth:`evict_expired` ran. No I/O, no locking.
+    RV are never appended twice; the history holds at most ``capacity`` events and, once
+    :meth:`apply` or :meth:`evict_expired` ran, none older than ``max_age`` except the DELETEs
+    of the latest relist while they are the newest events. No I/O, no locking.
     """
 
     def __init__(
@@ -408,7 +413,8 @@ class WatchCache:
         events, head, evicted = self._events, self._head, 0
         deadline = now - self._max_age
         while head < len(events) and (
-            len(events) - head > self._capacity or events[head].time < deadline
+            len(events) - head > self._capacity
+            or (events[head].time < deadline and not self._pinned(events[head]))
         ):
             gone = events[head]
             head += 1
@@ -425,6 +431,11 @@ class WatchCache:
             oldest_seq, resumable = self.oldest_seq, self._oldest_resumable or 0
             self._gaps = [gap for gap in self._gaps if gap[0] >= oldest_seq or gap[2] > resumable]
         return evicted
+
+    def _pinned(self, event: CachedEvent) -> bool:
+        # The newest relist DELETEs outlive max_age: evicting them makes their RV, which is
+        # every idle client's RV, unresumable, and each of those clients would relist.
+        return event.relist and event.type == DELETED and event.rv == self._events[-1].rv
 
     def _compact(self) -> None:
         if self._head > 1024 and self._head * 2 > len(self._events):

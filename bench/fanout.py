@@ -1,0 +1,428 @@
+"""Fan-out benchmark: watchproxy vs direct watches vs a raw broadcast ceiling, in one run.
+
+    .venv/bin/python -m bench.fanout [--subscribers 1,10,100,500] [--events N] [--rate R]
+                                     [--phases paced,max] [--json out.json] [--quick]
+
+Four kinds of OS process, each with its own uvloop event loop (see bench/README.md):
+``bench.fake`` (fake apiserver + generator), ``bench.proxy`` (watchproxy),
+``bench.ceiling`` (raw broadcast), ``bench.subscribers`` (the N clients, one process per cell
+or ``--sub-procs`` of them). For every phase, subscriber count and mode (direct, proxy,
+ceiling) one *cell* runs: the clients connect at the store's current RV, the generator writes
+``--events`` stamped modifications (paced at ``--rate``/s, or as fast as it can in ``max``),
+the clients drain, and the cell reports throughput, latency percentiles and any loss.
+
+Exit status 1 if any client lost, repeated or reordered an event, or could not connect.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import platform
+import shlex
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+MODES = ("direct", "proxy", "ceiling")
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+class RoleError(RuntimeError):
+    pass
+
+
+class Child:
+    """One role process: commands on its stdin, JSON replies on its stdout, stderr to a file."""
+
+    def __init__(self, name: str, workdir: str) -> None:
+        self.name = name
+        self.log_path = os.path.join(workdir, f"{name}.log")
+        self.process: asyncio.subprocess.Process | None = None
+
+    async def start(self, module: str, *args: str, timeout: float = 60.0) -> dict[str, Any]:
+        with open(self.log_path, "ab") as log:
+            self.process = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                module,
+                *args,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=log,
+                limit=1 << 20,
+            )
+        return await self.reply(timeout)
+
+    async def reply(self, timeout: float) -> dict[str, Any]:
+        assert self.process is not None and self.process.stdout is not None
+        try:
+            line = await asyncio.wait_for(self.process.stdout.readline(), timeout)
+        except TimeoutError:
+            raise RoleError(f"{self.name}: no answer within {timeout:.0f}s{self._tail()}") from None
+        if not line:
+            raise RoleError(f"{self.name}: exited{self._tail()}")
+        message: dict[str, Any] = json.loads(line)
+        if "error" in message:
+            raise RoleError(f"{self.name}: {message['error']}{self._tail()}")
+        return message
+
+    async def ask(self, command: str, timeout: float = 30.0) -> dict[str, Any]:
+        self.send(command)
+        return await self.reply(timeout)
+
+    def send(self, command: str) -> None:
+        assert self.process is not None and self.process.stdin is not None
+        self.process.stdin.write(command.encode() + b"\n")
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time so far (Linux /proc; 0 elsewhere)."""
+        if self.process is None:
+            return 0.0
+        try:
+            with open(f"/proc/{self.process.pid}/stat", encoding="ascii") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0.0
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+    def _tail(self) -> str:
+        try:
+            with open(self.log_path, encoding="utf-8", errors="replace") as handle:
+                tail = handle.read()[-2000:]
+        except OSError:
+            return ""
+        return f"\n--- {self.log_path} (tail) ---\n{tail}" if tail.strip() else ""
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        """Ask politely (quit, then end of stdin), then kill. Never leaves the process behind."""
+        process, self.process = self.process, None
+        if process is None or process.returncode is not None:
+            return
+        try:
+            if process.stdin is not None:
+                process.stdin.write(b"quit\n")
+                process.stdin.close()
+            await asyncio.wait_for(process.wait(), timeout)
+        except (TimeoutError, ConnectionError, BrokenPipeError):
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+
+
+@dataclass
+class Cell:
+    phase: str
+    subscribers: int
+    mode: str
+    events: int
+    rate: float
+    upstream_watches: int = 0
+    connect_failures: int = 0
+    delivered: int = 0
+    lost: int = 0
+    reordered: int = 0
+    bad_lines: int = 0
+    incomplete_streams: int = 0
+    seconds: float = 0.0
+    events_per_s: float = 0.0
+    events_per_s_per_sub: float = 0.0
+    p50_ms: float = 0.0
+    p99_ms: float = 0.0
+    max_ms: float = 0.0
+    generator_late_ms: float = 0.0
+    cpu_seconds: dict[str, float] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def faults(self) -> int:
+        return (
+            self.connect_failures
+            + self.lost
+            + self.reordered
+            + self.bad_lines
+            + self.incomplete_streams
+        )
+
+
+def percentile(ordered: list[int], p: float) -> int:
+    """Nearest-rank percentile of an ascending list."""
+    if not ordered:
+        return 0
+    return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, workdir: str) -> None:
+        self.args = args
+        self.workdir = workdir
+        self.fake = Child("fake", workdir)
+        self.proxy = Child("proxy", workdir)
+        self.ceiling = Child("ceiling", workdir)
+        self.fake_info: dict[str, Any] = {}
+        self.urls: dict[str, str] = {}
+        self.cell_no = 0
+
+    async def start(self) -> None:
+        a = self.args
+        fake_args = ["--dir", self.workdir, "--objects", str(a.objects)]
+        fake_args += ["--object-bytes", str(a.object_bytes)]
+        if a.no_tls:
+            fake_args.append("--no-tls")
+        self.fake_info = await self.fake.start("bench.fake", *fake_args)
+        proxy_args = ["--kubeconfig", self.fake_info["kubeconfig"]]
+        if a.profile_proxy:
+            proxy_args += ["--profile", a.profile_proxy]
+        ceiling_args = ["--upstream", self.fake_info["url"], "--token", self.fake_info["token"]]
+        if not a.no_tls:
+            ceiling_args += ["--ca", self.fake_info["ca"]]
+        proxy_info, ceiling_info = await asyncio.gather(
+            self.proxy.start("bench.proxy", *proxy_args),
+            self.ceiling.start("bench.ceiling", *ceiling_args),
+        )
+        path = "/api/v1/namespaces/default/configmaps"
+        self.urls = {
+            "direct": self.fake_info["url"] + path,
+            "proxy": f"http://127.0.0.1:{proxy_info['port']}{path}",
+            "ceiling": f"http://127.0.0.1:{ceiling_info['port']}{path}",
+        }
+
+    async def stop(self) -> None:
+        await asyncio.gather(self.ceiling.stop(), self.proxy.stop(), return_exceptions=True)
+        await self.fake.stop()
+
+    async def _quiet_upstream(self) -> dict[str, Any]:
+        """Wait until the previous cell's watches are gone (bounded), return the fake's state."""
+        started = time.monotonic()
+        poked = False
+        while True:
+            state = await self.fake.ask("state")
+            waited = time.monotonic() - started
+            if state["watches"] == 0 or waited > 15:
+                return state
+            if waited > 0.3 and not poked:
+                # watchproxy notices a gone client when it next writes (or polls, every 5 s).
+                self.fake.send("poke")
+                poked = True
+            await asyncio.sleep(0.05)
+
+    async def run_cell(self, phase: str, count: int, mode: str) -> Cell:
+        a = self.args
+        rate = a.rate if phase == "paced" else 0.0
+        events = a.events if phase == "paced" else a.max_events
+        cell = Cell(phase, count, mode, events, rate)
+        state = await self._quiet_upstream()
+        if state["watches"]:
+            cell.errors.append(f"{state['watches']} watches still open before the cell")
+        rv0 = state["rv"]
+        self.cell_no += 1
+        procs = max(1, min(a.sub_procs, count))
+        shares = [count // procs + (1 if i < count % procs else 0) for i in range(procs)]
+        subs: list[tuple[Child, str]] = []
+        try:
+            starts = []
+            for i, share in enumerate(shares):
+                out = os.path.join(self.workdir, f"cell{self.cell_no}-{i}.json")
+                child = Child(f"subscribers-{self.cell_no}-{i}", self.workdir)
+                sub_args = ["--url", self.urls[mode], "--count", str(share), "--rv", str(rv0)]
+                sub_args += ["--expect", str(events), "--out", out]
+                if mode == "direct":
+                    sub_args += ["--token", self.fake_info["token"]]
+                    if not a.no_tls:
+                        sub_args += ["--ca", self.fake_info["ca"]]
+                subs.append((child, out))
+                starts.append(child.start("bench.subscribers", *sub_args, timeout=90))
+            for ready in await asyncio.gather(*starts):
+                cell.connect_failures += ready["failed"]
+            await asyncio.sleep(0.2)  # let the last subscriptions settle before the first event
+            cell.upstream_watches = (await self.fake.ask("state"))["watches"]
+            cpu_before = self._cpu(mode, subs)
+            gen = await self.fake.ask(f"gen {events} {rate}", timeout=600)
+            cell.generator_late_ms = gen["late_ms"]
+            gen_seconds = (gen["last_ns"] - gen["first_ns"]) / 1e9
+            drain = min(120.0, max(20.0, 3 * gen_seconds))
+            for child, _ in subs:
+                child.send(f"drain {drain}")
+            await asyncio.gather(*(child.reply(drain + 60) for child, _ in subs))
+            cpu_after = self._cpu(mode, subs)
+            cell.cpu_seconds = {k: round(cpu_after[k] - cpu_before[k], 2) for k in cpu_before}
+            self._collect(cell, [out for _, out in subs], gen)
+        except RoleError as error:
+            cell.errors.append(str(error))
+            cell.incomplete_streams = max(cell.incomplete_streams, 1)
+        finally:
+            await asyncio.gather(*(child.stop() for child, _ in subs))
+        return cell
+
+    def _cpu(self, mode: str, subs: list[tuple[Child, str]]) -> dict[str, float]:
+        server = {"proxy": self.proxy, "ceiling": self.ceiling}.get(mode)
+        return {
+            "fake": self.fake.cpu_seconds(),
+            "server": server.cpu_seconds() if server is not None else 0.0,
+        }
+
+    def _collect(self, cell: Cell, outs: list[str], gen: dict[str, Any]) -> None:
+        latencies: list[int] = []
+        last_ns = gen["first_ns"]
+        final_rv = gen["rv_last"]
+        for out in outs:
+            with open(out, encoding="utf-8") as handle:
+                result = json.load(handle)
+            os.unlink(out)
+            latencies.extend(result["latencies_us"])
+            for s in result["streams"]:
+                if s["error"].startswith(("connect", "status")):
+                    continue  # counted as a connect failure
+                cell.delivered += s["count"]
+                cell.lost += s["gaps"] + max(0, final_rv - s["last_rv"])
+                cell.reordered += s["reordered"]
+                cell.bad_lines += s["bad_lines"]
+                if s["last_rv"] < final_rv:
+                    cell.incomplete_streams += 1
+                    if s["error"] or s["ended_early"]:
+                        cell.errors.append(s["error"] or "stream ended early")
+                last_ns = max(last_ns, s["last_ns"])
+        cell.errors = sorted(set(cell.errors))[:5]
+        latencies.sort()
+        cell.seconds = round((last_ns - gen["first_ns"]) / 1e9, 3)
+        if cell.seconds > 0:
+            cell.events_per_s = round(cell.delivered / cell.seconds, 1)
+            cell.events_per_s_per_sub = round(cell.events_per_s / cell.subscribers, 1)
+        cell.p50_ms = percentile(latencies, 50) / 1000
+        cell.p99_ms = percentile(latencies, 99) / 1000
+        cell.max_ms = (latencies[-1] if latencies else 0) / 1000
+
+
+def render(cells: list[Cell]) -> str:
+    """One table per phase: subscribers x mode, with proxy and ceiling compared to direct."""
+    lines: list[str] = []
+    by_key = {(c.phase, c.subscribers, c.mode): c for c in cells}
+    for phase in dict.fromkeys(c.phase for c in cells):
+        some = next(c for c in cells if c.phase == phase)
+        what = f"paced at {some.rate:g} events/s" if phase == "paced" else "as fast as possible"
+        lines.append(f"\nphase {phase}: {some.events} events {what}")
+        header = (
+            f"{'subs':>5} {'mode':<8} {'upW':>4} {'events/s':>10} {'per sub':>8} "
+            f"{'p50 ms':>8} {'p99 ms':>8} {'+p50 ms':>8} {'+p99 ms':>8} {'/ceil':>6} "
+            f"{'lost':>5}  cpu s fake/srv/subs"
+        )
+        lines += [header, "-" * len(header)]
+        for count in dict.fromkeys(c.subscribers for c in cells if c.phase == phase):
+            direct = by_key.get((phase, count, "direct"))
+            ceiling = by_key.get((phase, count, "ceiling"))
+            for mode in MODES:
+                c = by_key.get((phase, count, mode))
+                if c is None:
+                    continue
+                added50 = added99 = "-"
+                if direct is not None and mode != "direct":
+                    added50 = f"{c.p50_ms - direct.p50_ms:+.2f}"
+                    added99 = f"{c.p99_ms - direct.p99_ms:+.2f}"
+                ratio = "-"
+                if ceiling is not None and ceiling.events_per_s > 0:
+                    ratio = f"{c.events_per_s / ceiling.events_per_s:.2f}"
+                cpu = c.cpu_seconds
+                cpu_text = "/".join(
+                    f"{cpu.get(k, 0):.1f}" for k in ("fake", "server", "subscribers")
+                )
+                lost = str(c.faults) if not c.errors else f"{c.faults}!"
+                lines.append(
+                    f"{c.subscribers:>5} {c.mode:<8} {c.upstream_watches:>4} "
+                    f"{c.events_per_s:>10.0f} {c.events_per_s_per_sub:>8.1f} "
+                    f"{c.p50_ms:>8.2f} {c.p99_ms:>8.2f} {added50:>8} {added99:>8} {ratio:>6} "
+                    f"{lost:>5}  {cpu_text}"
+                )
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.fanout", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--subscribers", help="comma-separated counts (default 1,10,100,500)")
+    parser.add_argument("--events", type=int, help="events per paced cell (default 500)")
+    parser.add_argument("--rate", type=float, help="events/s in the paced phase (default 50)")
+    parser.add_argument("--max-events", type=int, help="events per max cell (default 2x events)")
+    parser.add_argument("--phases", default="paced,max", help="paced, max or both (default)")
+    parser.add_argument(
+        "--quick", action="store_true", help="1,10,100 subscribers, 150 events at 100/s (< 60 s)"
+    )
+    parser.add_argument("--json", default="", help="also write every cell to this file")
+    parser.add_argument("--objects", type=int, default=50, help="configmaps the generator edits")
+    parser.add_argument("--object-bytes", type=int, default=1024, help="approximate event size")
+    parser.add_argument("--sub-procs", type=int, default=1, help="subscriber processes per cell")
+    parser.add_argument("--no-tls", action="store_true", help="fake apiserver without TLS")
+    parser.add_argument("--profile-proxy", default="", help="cProfile the proxy into this file")
+    args = parser.parse_args(argv)
+    args.subscribers = [
+        int(x)
+        for x in (args.subscribers or ("1,10,100" if args.quick else "1,10,100,500")).split(",")
+    ]
+    args.events = args.events or (150 if args.quick else 500)
+    args.rate = args.rate or (100.0 if args.quick else 50.0)
+    args.max_events = args.max_events or 2 * args.events
+    args.phases = [p for p in args.phases.split(",") if p]
+    if args.profile_proxy:
+        args.profile_proxy = os.path.abspath(args.profile_proxy)
+    if not all(p in ("paced", "max") for p in args.phases):
+        parser.error("--phases takes paced and/or max")
+    if min(args.subscribers) < 1 or args.events < 1 or args.max_events < 1 or args.rate <= 0:
+        parser.error("subscriber counts and --events must be positive")
+    return args
+
+
+async def run(args: argparse.Namespace, argv: list[str]) -> list[Cell]:
+    cells: list[Cell] = []
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="bench-fanout-") as workdir:
+        bench = Bench(args, workdir)
+        try:
+            await bench.start()
+            for phase in args.phases:
+                for count in args.subscribers:
+                    for mode in MODES:
+                        cell_start = time.monotonic()
+                        cell = await bench.run_cell(phase, count, mode)
+                        cells.append(cell)
+                        print(
+                            f"  [{time.monotonic() - cell_start:4.1f}s] "
+                            f"{phase:<5} {count:>4} {mode:<8} {cell.events_per_s:>9.0f} ev/s "
+                            f"p50 {cell.p50_ms:.2f} ms p99 {cell.p99_ms:.2f} ms "
+                            f"faults {cell.faults}" + (f"  {cell.errors}" if cell.errors else ""),
+                            file=sys.stderr,
+                            flush=True,
+                        )
+        finally:
+            await bench.stop()
+    elapsed = time.monotonic() - started
+    print(render(cells))
+    print(f"\n{len(cells)} cells in {elapsed:.0f}s; command: {shlex.join(argv)}")
+    if args.json:
+        document = {
+            "command": shlex.join(argv),
+            "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+            "seconds": round(elapsed, 1),
+            "cells": [{**vars(c), "faults": c.faults} for c in cells],
+        }
+        with open(args.json, "w", encoding="utf-8") as handle:
+            json.dump(document, handle, indent=1)
+    return cells
+
+
+def main(argv: list[str] | None = None) -> int:
+    raw = sys.argv[1:] if argv is None else argv
+    args = parse_args(raw)
+    cells = asyncio.run(run(args, ["python", "-m", "bench.fanout", *raw]))
+    bad = [c for c in cells if c.faults or c.errors]
+    for c in bad:
+        print(f"FAULTS {c.phase} {c.subscribers} {c.mode}: {c.faults} {c.errors}", file=sys.stderr)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""Upstream TCP connections are opened one at a time, and not at all while the apiserver is down.
+
+With keep-alive, requests normally reuse pooled connections. When the apiserver goes away
+every pooled connection dies at once and each waiting request would dial anew: N clients,
+N connection attempts. Opening new connections one at a time means the first failure is known
+before the next dial, so the count of attempts follows the prober's single backoff schedule.
+Only the connectivity probe may dial while the upstream is known to be down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+
+# Set by the connectivity probe: its dial is the one allowed while the upstream is down.
+PROBING: contextvars.ContextVar[bool] = contextvars.ContextVar("watchproxy_probing", default=False)
+
+
+class UpstreamDown(aiohttp.ClientConnectionError):
+    """Refused locally: the upstream is known to be unreachable and this is not the probe."""
+
+
+class SerialConnector(aiohttp.TCPConnector):
+    """A TCPConnector that dials one connection at a time and reports each dial's outcome."""
+
+    def __init__(
+        self,
+        *,
+        is_down: Callable[[], bool],
+        on_failure: Callable[[], None],
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self._is_down = is_down
+        self._on_failure = on_failure
+        self._dial = asyncio.Lock()
+
+    async def _create_connection(self, req: Any, traces: Any, timeout: Any) -> Any:
+        async with self._dial:
+            if self._is_down() and not PROBING.get():
+                raise UpstreamDown("the apiserver is unreachable")
+            try:
+                return await super()._create_connection(req, traces, timeout)
+            except (OSError, aiohttp.ClientError, TimeoutError):
+                # Record it before the next dial may start (still holding the lock).
+                self._on_failure()
+                raise
