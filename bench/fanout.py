@@ -248,9 +248,10 @@ class Bench:
             drain = min(120.0, max(20.0, 3 * gen_seconds))
             for child, _ in subs:
                 child.send(f"drain {drain}")
-            await asyncio.gather(*(child.reply(drain + 60) for child, _ in subs))
+            done = await asyncio.gather(*(child.reply(drain + 60) for child, _ in subs))
             cpu_after = self._cpu(mode, subs)
             cell.cpu_seconds = {k: round(cpu_after[k] - cpu_before[k], 2) for k in cpu_before}
+            cell.cpu_seconds["subscribers"] = round(sum(d["cpu_s"] for d in done), 2)
             self._collect(cell, [out for _, out in subs], gen)
         except RoleError as error:
             cell.errors.append(str(error))
@@ -298,18 +299,38 @@ class Bench:
         cell.max_ms = (latencies[-1] if latencies else 0) / 1000
 
 
+def _cpu_text(c: Cell) -> str:
+    """CPU used by each process as a share of the cell's wall time (100 = one whole core)."""
+    if c.seconds <= 0:
+        return "-"
+    return "/".join(
+        f"{100 * c.cpu_seconds.get(k, 0) / c.seconds:.0f}"
+        for k in ("fake", "server", "subscribers")
+    )
+
+
+def saturated(c: Cell) -> bool:
+    """A paced cell that could not keep up: its latencies are queueing, not transit."""
+    return c.phase == "paced" and c.events_per_s_per_sub < 0.95 * c.rate
+
+
 def render(cells: list[Cell]) -> str:
     """One table per phase: subscribers x mode, with proxy and ceiling compared to direct."""
     lines: list[str] = []
     by_key = {(c.phase, c.subscribers, c.mode): c for c in cells}
     for phase in dict.fromkeys(c.phase for c in cells):
         some = next(c for c in cells if c.phase == phase)
-        what = f"paced at {some.rate:g} events/s" if phase == "paced" else "as fast as possible"
-        lines.append(f"\nphase {phase}: {some.events} events {what}")
+        if phase == "paced":
+            lines.append(f"\nphase paced: {some.events} events at {some.rate:g}/s per cell")
+        else:
+            lines.append(
+                f"\nphase max: {some.events} events as fast as the generator can write "
+                "(latency = queueing of the burst; compare throughput only)"
+            )
         header = (
-            f"{'subs':>5} {'mode':<8} {'upW':>4} {'events/s':>10} {'per sub':>8} "
-            f"{'p50 ms':>8} {'p99 ms':>8} {'+p50 ms':>8} {'+p99 ms':>8} {'/ceil':>6} "
-            f"{'lost':>5}  cpu s fake/srv/subs"
+            f"{'subs':>5} {'mode':<8} {'upW':>4} {'events/s':>9} {'per sub':>8} "
+            f"{'p50 ms':>8} {'p99 ms':>8} {'+p50 ms':>8} {'+p99 ms':>8} {'/ceil':>5} "
+            f"{'lost':>4}  cpu% fake/srv/subs"
         )
         lines += [header, "-" * len(header)]
         for count in dict.fromkeys(c.subscribers for c in cells if c.phase == phase):
@@ -320,23 +341,26 @@ def render(cells: list[Cell]) -> str:
                 if c is None:
                     continue
                 added50 = added99 = "-"
-                if direct is not None and mode != "direct":
+                if phase == "paced" and direct is not None and mode != "direct":
                     added50 = f"{c.p50_ms - direct.p50_ms:+.2f}"
                     added99 = f"{c.p99_ms - direct.p99_ms:+.2f}"
                 ratio = "-"
                 if ceiling is not None and ceiling.events_per_s > 0:
                     ratio = f"{c.events_per_s / ceiling.events_per_s:.2f}"
-                cpu = c.cpu_seconds
-                cpu_text = "/".join(
-                    f"{cpu.get(k, 0):.1f}" for k in ("fake", "server", "subscribers")
-                )
-                lost = str(c.faults) if not c.errors else f"{c.faults}!"
+                lost = str(c.faults) + ("!" if c.errors else "")
+                flag = " *" if saturated(c) else ""
                 lines.append(
                     f"{c.subscribers:>5} {c.mode:<8} {c.upstream_watches:>4} "
-                    f"{c.events_per_s:>10.0f} {c.events_per_s_per_sub:>8.1f} "
-                    f"{c.p50_ms:>8.2f} {c.p99_ms:>8.2f} {added50:>8} {added99:>8} {ratio:>6} "
-                    f"{lost:>5}  {cpu_text}"
+                    f"{c.events_per_s:>9.0f} {c.events_per_s_per_sub:>8.1f} "
+                    f"{c.p50_ms:>8.2f} {c.p99_ms:>8.2f} {added50:>8} {added99:>8} {ratio:>5} "
+                    f"{lost:>4}  {_cpu_text(c)}{flag}"
                 )
+    if any(saturated(c) for c in cells):
+        lines.append("\n* fell behind the paced rate (delivered < 95 % of it): saturated")
+    lines.append(
+        "upW = watches open on the fake apiserver; +p50/+p99 = minus direct at the same count; "
+        "/ceil = throughput / raw broadcast ceiling"
+    )
     return "\n".join(lines)
 
 

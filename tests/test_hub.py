@@ -1,4 +1,4 @@
-"""The watch hub against the fake apiserver: one upstream watch per key, exact per-client streams."""
+"""The watch hub against the fake apiserver: one upstream watch per key, exact client streams."""
 
 from __future__ import annotations
 

@@ -9,6 +9,7 @@ ring, or an in-stream 410 Expired — then live events, all from one upstream wa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
@@ -21,12 +22,13 @@ from watchproxy.apipath import ApiPath
 from watchproxy.backoff import BackoffPolicy
 from watchproxy.config import HubConfig, UpstreamConfig
 from watchproxy.connectivity import Connectivity
-from watchproxy.errors import ProxyError, UpstreamUnavailable
+from watchproxy.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
 from watchproxy.metrics import Metrics
 from watchproxy.representation import Representation, encode_json
 from watchproxy.sharedwatch import SharedWatch, UpstreamRefused
 from watchproxy.subscriber import Subscriber, SubscriberOptions
 from watchproxy.upstream import Upstream
+from watchproxy.watchcache import StartPlan
 from watchproxy.watchkey import Unservable, WatchKey, identity_of, watch_key
 from watchproxy.watchquery import WatchQuery
 
@@ -34,6 +36,8 @@ log = logging.getLogger("watchproxy.hub")
 
 # How long a new key's first client waits for the initial upstream list.
 INITIAL_SYNC_TIMEOUT = 30.0
+# How long a client's too-new resourceVersion may wait for the cache (as the apiserver: 3 s).
+TOO_LARGE_RV_WAIT = 3.0
 # A stalled write to one client for this long ends that client alone.
 WRITE_TIMEOUT = 30.0
 
@@ -157,9 +161,7 @@ class Hub:
                 answer = web.Response(status=refused.status, body=refused.body)
                 answer.headers["Content-Type"] = refused.content_type or "application/json"
                 return answer
-            plan = shared.cache.plan(
-                query.resource_version, send_initial_events=bool(query.send_initial_events)
-            )
+            plan = await self._plan(shared, query)
             response = web.StreamResponse(status=200)
             response.content_type = "application/json"
             response.enable_chunked_encoding()
@@ -220,6 +222,27 @@ class Hub:
         body = shared.representation.list_body(shared.cache.objects_snapshot(), rv)
         self.metrics.lists_from_cache.inc()
         return web.Response(body=encode_json(body), content_type="application/json")
+
+    async def _plan(self, shared: SharedWatch, query: WatchQuery) -> StartPlan:
+        """The client's start point; for an RV newer than the cache, wait for it (bounded)."""
+        initial = bool(query.send_initial_events)
+        plan = shared.cache.plan(query.resource_version, send_initial_events=initial)
+        deadline = self.clock() + TOO_LARGE_RV_WAIT
+        while plan.wait_rv is not None:
+            current = shared.cache.resource_version
+            if current is not None and current >= plan.wait_rv:
+                plan = shared.cache.plan(query.resource_version, send_initial_events=initial)
+                continue
+            remaining = deadline - self.clock()
+            if remaining <= 0 or shared.closed:
+                raise UpstreamTimeout(
+                    f"Too large resource version: {query.resource_version}, "
+                    f"current: {shared.cache.resource_version_str}",
+                    retry_after=1,
+                )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(shared.changed().wait(), remaining)
+        return plan
 
     async def close(self) -> None:
         """End every shared watch; their subscribers finish their streams cleanly."""

@@ -28,7 +28,7 @@ from watchproxy.errors import ProxyError, UpstreamUnavailable
 from watchproxy.metrics import Metrics
 from watchproxy.representation import Representation
 from watchproxy.upstream import LineTooLong, Upstream, read_lines
-from watchproxy.watchcache import WatchCache
+from watchproxy.watchcache import ListRegressed, WatchCache
 from watchproxy.watchkey import WatchKey
 
 log = logging.getLogger("watchproxy.hub")
@@ -295,7 +295,16 @@ class SharedWatch:
                 break
         assert list_rv is not None
         first = not self.cache.synced
-        events = self.cache.replace(items, list_rv)
+        try:
+            events = self.cache.replace(items, list_rv)
+        except ListRegressed:
+            # The list went back in time (a stale read, an etcd restore): start over. Every
+            # subscriber is ended and re-watches, which is what the apiserver would force too.
+            log.warning(
+                "shared watch %s: list went back in time; resetting", self.key.collection_path
+            )
+            self.cache.reset(items, list_rv)
+            events = []
         if first:
             self._synced.set()
             log.info(
@@ -310,7 +319,8 @@ class SharedWatch:
                 self.key.collection_path,
                 len(events),
             )
-        if events:
+        if not first:
+            # Wake subscribers even when nothing changed: a relist may have ended cursors.
             self._notify()
 
     async def _watch(self) -> None:
@@ -345,6 +355,7 @@ class SharedWatch:
                     rv = (obj.get("metadata") or {}).get("resourceVersion")
                     if rv:
                         self.cache.bookmark(rv)
+                        self._notify()  # a client waiting for a newer RV may go on
                     continue
                 if kind == "ERROR":
                     if obj.get("code") == 410:

@@ -88,7 +88,7 @@ class Subscriber:
                 if self.shared.closed:
                     self.ended_because = "shared watch closed"
                     break
-                events = cache.events_from(cursor)
+                events = cache.events_from(cursor, min_rv)
                 if events is None or cache.next_seq - cursor > self.options.max_lag:
                     self._slow.inc()
                     self.ended_because = "too slow"
@@ -101,7 +101,7 @@ class Subscriber:
                 if events:
                     cursor = events[-1].seq + 1
                     self.shared.cursors[me] = cursor
-                    lines = [e.line for e in events if e.rv > min_rv]
+                    lines = [e.line for e in events if plan.wants(e)]
                     if lines:
                         if first_line:
                             lines[0] = self.shared.representation.first_line_fixup(lines[0])
