@@ -325,11 +325,6 @@ def other_ca(tmp_path: Any) -> str:
     return path
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="once Connectivity is down, the fail-fast 503 says 'unreachable' and drops the cause "
-    "(TLS verify failure, DNS): Upstream.open / Hub.serve do not carry the last error",
-)
 async def test_tls_error_while_known_down_still_names_the_cause(
     tmp_path: Any, fake_api: FakeApiServer
 ) -> None:
@@ -443,15 +438,7 @@ NO_UVLOOP = (
     "sys.exit(cli.main())"
 )
 LAUNCHERS = [
-    pytest.param(
-        ["-m", "watchproxy"],
-        id="uvloop",
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="Proxy._serve asserts isinstance(site._server, asyncio.Server), which is "
-            "false for uvloop's Server: `watchproxy run` dies at start with AssertionError",
-        ),
-    ),
+    pytest.param(["-m", "watchproxy"], id="uvloop"),
     pytest.param(["-c", NO_UVLOOP], id="asyncio"),
 ]
 
@@ -570,12 +557,6 @@ async def load(
         await asyncio.sleep(0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Forwarder._relay catches the client's ClientConnectionResetError from write() as if "
-    "the upstream broke, then calls write_eof() on the closing transport: unhandled, logged "
-    "by aiohttp as 'Error handling request' with a traceback",
-)
 async def test_client_leaving_a_relayed_stream_is_not_an_error(
     tmp_path: Any, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -242,20 +242,23 @@ def assert_ordered(client: Client) -> None:
 
 write_op = st.tuples(st.just("write"), st.sampled_from(NAMES), st.sampled_from(["x", "y"]))
 join_op = st.tuples(
-    st.just("join"), st.sampled_from(sorted(SELECTORS)), st.sampled_from(["fresh", "zero", "resume"])
+    st.just("join"),
+    st.sampled_from(sorted(SELECTORS)),
+    st.sampled_from(["fresh", "zero", "resume"]),
 )
-operations = st.tuples(join_op, st.lists(
-    st.one_of(
-        write_op,
-        write_op,
-        write_op,
-        st.tuples(st.just("delete"), st.sampled_from(NAMES), st.just("")),
-        join_op,
-        st.tuples(st.just("pause"), st.just(""), st.just("")),
+operations = st.tuples(
+    join_op,
+    st.lists(
+        st.one_of(
+            *[write_op] * 6,
+            st.tuples(st.just("delete"), st.sampled_from(NAMES), st.just("")),
+            join_op,
+            st.tuples(st.just("pause"), st.just(""), st.just("")),
+        ),
+        min_size=8,
+        max_size=30,
     ),
-    min_size=8,
-    max_size=30,
-)).map(lambda first_and_rest: [first_and_rest[0], *first_and_rest[1]])
+).map(lambda first_and_rest: [first_and_rest[0], *first_and_rest[1]])
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])

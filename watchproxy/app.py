@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
+import socket
 import time
 from typing import Any
 
@@ -131,14 +131,15 @@ class Proxy:
         )
 
     async def _serve(self, app: web.Application, host: str, port: int) -> int:
+        # Bind the socket here so that port 0 tells its real number, whatever the event loop.
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.create_server((host.strip("[]"), port), family=family, backlog=512)
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0)
         await runner.setup()
-        site = web.TCPSite(runner, host, port, reuse_address=True)
+        site = web.SockSite(runner, sock)
         await site.start()
         self._runners.append(runner)
-        server = site._server  # the bound socket tells the real port when 0 was asked
-        assert server is not None and isinstance(server, asyncio.Server)
-        bound: int = server.sockets[0].getsockname()[1]
+        bound: int = sock.getsockname()[1]
         return bound
 
     async def stop(self) -> None:

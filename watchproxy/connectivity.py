@@ -45,6 +45,7 @@ class Connectivity:
         self._task: asyncio.Task[None] | None = None
         self.next_probe_at: float | None = None
         self.last_ok: float | None = None
+        self.last_error: str | None = None
         self.attempts = 0
 
     @property
@@ -77,9 +78,14 @@ class Connectivity:
         self._down.clear()
         self._metrics.upstream_up.set(1)
 
-    def report_unreachable(self) -> None:
-        if self._up.is_set():
-            log.warning("upstream is unreachable; probing on the backoff schedule")
+    def report_unreachable(self, reason: str | None = None) -> None:
+        if reason:
+            self.last_error = reason
+        if self._up.is_set() or not self._down.is_set():
+            log.warning(
+                "upstream is unreachable (%s); probing on the backoff schedule",
+                self.last_error or "no answer",
+            )
         self._up.clear()
         self._down.set()
         self._metrics.upstream_up.set(0)

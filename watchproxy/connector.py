@@ -31,7 +31,7 @@ class SerialConnector(aiohttp.TCPConnector):
         self,
         *,
         is_down: Callable[[], bool],
-        on_failure: Callable[[], None],
+        on_failure: Callable[[BaseException], None],
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -45,7 +45,7 @@ class SerialConnector(aiohttp.TCPConnector):
                 raise UpstreamDown("the apiserver is unreachable")
             try:
                 return await super()._create_connection(req, traces, timeout)
-            except (OSError, aiohttp.ClientError, TimeoutError):
+            except (OSError, aiohttp.ClientError, TimeoutError) as error:
                 # Record it before the next dial may start (still holding the lock).
-                self._on_failure()
+                self._on_failure(error)
                 raise

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import aiohttp
@@ -82,16 +83,25 @@ class Forwarder:
         if not keep_length and request.method != "HEAD":
             response.enable_chunked_encoding()
         await response.prepare(request)
-        try:
-            async for chunk in upstream.content.iter_any():
+        chunks = upstream.content.iter_any()
+        while True:
+            try:
+                chunk = await chunks.__anext__()
+            except StopAsyncIteration:
+                break
+            except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError):
+                # The upstream broke mid-body. A stream gets a clean end (the client asks
+                # again); a fixed-length body cannot be completed, so cut the connection.
+                log.info("upstream stream ended early: %s %s", request.method, request.path)
+                if keep_length:
+                    if request.transport is not None:
+                        request.transport.close()
+                    return response
+                break
+            try:
                 await response.write(chunk)
-        except (TimeoutError, aiohttp.ClientPayloadError, aiohttp.ClientConnectionError):
-            # The upstream stream broke mid-body. For a stream the client sees a clean end
-            # and re-requests; a fixed-length body cannot be completed, so cut the connection.
-            log.info("upstream stream ended early: %s %s", request.method, request.path)
-            if keep_length:
-                if request.transport is not None:
-                    request.transport.close()
-                return response
-        await response.write_eof()
+            except (ConnectionError, aiohttp.ClientConnectionResetError):
+                return response  # the client left; nothing more to say to it
+        with contextlib.suppress(ConnectionError, aiohttp.ClientConnectionResetError):
+            await response.write_eof()
         return response

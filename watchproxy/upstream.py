@@ -19,7 +19,7 @@ from yarl import URL
 
 from watchproxy.config import UpstreamConfig
 from watchproxy.connectivity import Connectivity
-from watchproxy.connector import PROBING, SerialConnector
+from watchproxy.connector import PROBING, SerialConnector, UpstreamDown
 from watchproxy.credentials import UpstreamTarget
 from watchproxy.errors import UpstreamTimeout, UpstreamUnavailable
 from watchproxy.metrics import Metrics
@@ -53,7 +53,7 @@ class Upstream:
     async def start(self) -> None:
         connector = SerialConnector(
             is_down=lambda: self.connectivity is not None and self.connectivity.down,
-            on_failure=lambda: self._mark(False),
+            on_failure=lambda error: self._mark(False, describe(error)),
             ssl=self.target.ssl_context if self.target.ssl_context is not None else False,
             limit=0,
             ttl_dns_cache=30,
@@ -79,12 +79,20 @@ class Upstream:
     def _retry_after(self) -> float:
         return self.connectivity.retry_after() if self.connectivity is not None else 1.0
 
-    def _mark(self, ok: bool) -> None:
+    def _mark(self, ok: bool, reason: str | None = None) -> None:
         if self.connectivity is not None:
             if ok:
                 self.connectivity.report_ok()
             else:
-                self.connectivity.report_unreachable()
+                self.connectivity.report_unreachable(reason)
+
+    def _unavailable(self) -> UpstreamUnavailable:
+        cause = self.connectivity.last_error if self.connectivity is not None else None
+        return UpstreamUnavailable(
+            f"the apiserver is unreachable ({cause or 'no answer'}); "
+            "watchproxy is retrying on its backoff schedule",
+            retry_after=self._retry_after(),
+        )
 
     async def open(
         self,
@@ -110,10 +118,7 @@ class Upstream:
         if not probe and self.connectivity is not None and self.connectivity.down:
             # Fail fast while the prober waits out the backoff: piling up requests on a dead
             # apiserver helps nobody, and the attempt count must follow one schedule.
-            raise UpstreamUnavailable(
-                "the apiserver is unreachable; watchproxy is retrying on its backoff schedule",
-                retry_after=self.connectivity.retry_after(),
-            )
+            raise self._unavailable()
         timeout = aiohttp.ClientTimeout(
             total=None if streaming else self.config.request_timeout_seconds,
             sock_connect=self.config.connect_timeout_seconds,
@@ -135,23 +140,20 @@ class Upstream:
                         timeout=timeout,
                         allow_redirects=False,
                     )
+            except UpstreamDown:
+                raise self._unavailable() from None
             except TimeoutError:
-                self._mark(False)
+                self._mark(False, "timed out")
                 self.metrics.upstream_errors.labels("timeout").inc()
                 raise UpstreamTimeout(f"the apiserver did not answer {method} {path_qs}") from None
             except aiohttp.ClientSSLError as exc:
-                self._mark(False)
+                self._mark(False, describe(exc))
                 self.metrics.upstream_errors.labels("tls").inc()
-                raise UpstreamUnavailable(
-                    f"TLS error talking to the apiserver: {exc}", retry_after=self._retry_after()
-                ) from None
+                raise self._unavailable() from None
             except (aiohttp.ClientError, OSError) as exc:
-                self._mark(False)
+                self._mark(False, describe(exc))
                 self.metrics.upstream_errors.labels("connect").inc()
-                raise UpstreamUnavailable(
-                    f"the apiserver is unreachable: {type(exc).__name__}",
-                    retry_after=self._retry_after(),
-                ) from None
+                raise self._unavailable() from None
             # Any HTTP answer means the apiserver is reachable, even a 5xx from it.
             self._mark(True)
             self.metrics.upstream_requests.labels(verb, str(response.status)).inc()
@@ -210,6 +212,21 @@ async def read_lines(response: aiohttp.ClientResponse, max_line: int) -> AsyncIt
                 raise LineTooLong(len(line))
             yield line
             start = end + 1
+
+
+def describe(error: BaseException) -> str:
+    """A short, credential-free cause for logs and Status messages."""
+    if isinstance(error, aiohttp.ClientConnectorCertificateError):
+        return f"TLS certificate verification failed: {error.certificate_error}"
+    if isinstance(error, aiohttp.ClientSSLError):
+        return f"TLS error: {error}"
+    if isinstance(error, aiohttp.ClientConnectorDNSError):
+        return f"DNS lookup failed for {error.host}"
+    if isinstance(error, aiohttp.ClientConnectorError):
+        return f"cannot connect to {error.host}:{error.port}: {error.os_error.strerror or error}"
+    if isinstance(error, TimeoutError):
+        return "timed out"
+    return f"{type(error).__name__}: {error}"
 
 
 class LineTooLong(Exception):
