@@ -373,6 +373,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rate", type=float, help="events/s in the paced phase (default 50)")
     parser.add_argument("--max-events", type=int, help="events per max cell (default 2x events)")
     parser.add_argument("--phases", default="paced,max", help="paced, max or both (default)")
+    parser.add_argument("--modes", default=",".join(MODES), help="subset of direct,proxy,ceiling")
     parser.add_argument(
         "--quick", action="store_true", help="1,10,100 subscribers, 150 events at 100/s (< 60 s)"
     )
@@ -391,6 +392,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.rate = args.rate or (100.0 if args.quick else 50.0)
     args.max_events = args.max_events or 2 * args.events
     args.phases = [p for p in args.phases.split(",") if p]
+    args.modes = [m for m in args.modes.split(",") if m]
+    if not args.modes or not all(m in MODES for m in args.modes):
+        parser.error("--modes takes direct, proxy and/or ceiling")
     if args.profile_proxy:
         args.profile_proxy = os.path.abspath(args.profile_proxy)
     if not all(p in ("paced", "max") for p in args.phases):
@@ -409,7 +413,7 @@ async def run(args: argparse.Namespace, argv: list[str]) -> list[Cell]:
             await bench.start()
             for phase in args.phases:
                 for count in args.subscribers:
-                    for mode in MODES:
+                    for mode in args.modes:
                         cell_start = time.monotonic()
                         cell = await bench.run_cell(phase, count, mode)
                         cells.append(cell)

@@ -217,6 +217,13 @@ CASES: list[Case] = [
     Case("sie-on-list", get(PODS + "?sendInitialEvents=true"), 422, "Invalid", False),
     Case("limit-not-a-number", get(PODS + "?limit=abc"), 400, "BadRequest", False),
     Case("limit-float", get(PODS + "?limit=1e3"), 400, "BadRequest", False),
+    Case(
+        "legacy-watch-path-bad-rv",
+        get("/api/v1/watch/namespaces/default/pods?resourceVersion=abc"),
+        400,
+        "BadRequest",
+        False,
+    ),
     # --- bodies --------------------------------------------------------------------------------
     Case(
         "body-declared-too-large",

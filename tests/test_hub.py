@@ -217,3 +217,57 @@ async def test_watch_the_hub_cannot_serve_passes_through(tmp_path: Any) -> None:
         assert watch_opens(running) == 1
         [record] = [r for r in running.fake.stats.requests if r.watch]
         assert "timeoutSeconds=1" in record.query_string  # forwarded exactly as the client sent it
+
+
+async def test_a_client_that_reads_nothing_is_ended_alone(tmp_path: Any) -> None:
+    overrides = {
+        "hub.slow_subscriber_timeout_seconds": 1.0,
+        "hub.history_size": 50,
+        "hub.max_subscriber_lag": 40,
+    }
+    async with running_proxy(tmp_path, overrides) as running, aiohttp.ClientSession() as session:
+        store = running.fake.store
+        store.create("pods", "default", pod("big"))
+        hub = running.proxy.hub
+        assert hub is not None
+        # A client that sends its watch request and then never reads a byte.
+        _reader, writer = await asyncio.open_connection("127.0.0.1", running.proxy.api_port)
+        writer.write(f"GET {PODS}?watch=1 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+        await writer.drain()
+        await wait_for_clients(hub, 1)
+        healthy: list[dict[str, Any]] = []
+
+        async def follow() -> None:
+            async with session.get(running.url + PODS + "?watch=1") as response:
+                async for raw in response.content:
+                    healthy.append(json.loads(raw))
+                    if len(healthy) == 1 + 200:
+                        return
+
+        task = asyncio.ensure_future(follow())
+        await wait_for_clients(hub, 2)
+        blob = "x" * 65536  # big events fill the stalled client's socket buffers quickly
+        for i in range(200):
+            store.modify("pods", "default", "big", annotate(blob, i))
+            if i % 20 == 19:
+                await asyncio.sleep(0.01)
+        await asyncio.wait_for(task, 30)
+        rvs = [rv_of(e) for e in healthy[1:]]
+        assert len(rvs) == 200 and rvs == sorted(set(rvs))  # the healthy client got everything
+        await wait_for_clients(hub, 0, timeout=15)
+        assert running.proxy.metrics.slow_subscribers._value.get() == 1  # type: ignore[attr-defined]
+        assert all(w.cache.history_len() <= 50 for w in hub.watches.values())
+        writer.close()
+
+
+def annotate(blob: str, i: int) -> Any:
+    def apply(obj: dict[str, Any]) -> None:
+        obj["metadata"].setdefault("annotations", {})["blob"] = f"{i}-{blob}"
+
+    return apply
+
+
+async def wait_for_clients(hub: Any, count: int, timeout: float = 10) -> None:
+    from tests.harness import wait_for
+
+    await wait_for(lambda: hub.active_clients == count, timeout=timeout, what=f"{count} clients")

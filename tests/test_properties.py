@@ -4,13 +4,15 @@ forms are fixed points, and through the real proxy every client's stream is exac
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import string
 import tempfile
 from typing import Any
 
 import aiohttp
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, given, settings
+from hypothesis import event as note
 from hypothesis import strategies as st
 
 from tests.harness import running_proxy, wait_for
@@ -202,10 +204,8 @@ class Client:
 
     async def close(self) -> None:
         self._task.cancel()
-        try:
+        with contextlib.suppress(asyncio.CancelledError, aiohttp.ClientError):
             await self._task
-        except (asyncio.CancelledError, aiohttp.ClientError):
-            pass
 
 
 def filtered(snapshot: Snapshot, selector: str) -> Snapshot:
@@ -317,15 +317,15 @@ async def test_every_client_stream_is_exact_through_the_proxy(
                 await wait_for(
                     lambda: all(caught_up(c) for c in clients), timeout=15, what="catch-up"
                 )
-                event(f"clients: {min(len(clients), 5)}+")
-                event(f"events checked: {sum(len(c.events) for c in clients) // 10 * 10}+")
+                note(f"clients: {min(len(clients), 5)}+")
+                note(f"events checked: {sum(len(c.events) for c in clients) // 10 * 10}+")
                 for client in clients:
                     if client.ended:
                         # Only a resume older than the key's history may end: one 410.
                         assert client.start is not None
                         [expired] = client.events
                         assert expired["type"] == "ERROR" and expired["object"]["code"] == 410
-                        event("a resume got 410 Expired")
+                        note("a resume got 410 Expired")
                         continue
                     assert client.state() == filtered(current, client.selector)
                     assert_ordered(client)

@@ -76,6 +76,7 @@ class HubConfig:
     history_max_age_seconds: float = 300.0
     linger_seconds: float = 30.0
     max_subscriber_lag: int = 5000
+    slow_subscriber_timeout_seconds: float = 30.0
     bookmark_interval_seconds: float = 60.0
     client_watch_min_seconds: float = 1800.0
     client_watch_max_seconds: float = 3600.0

@@ -9,7 +9,6 @@ ring, or an in-stream 410 Expired — then live events, all from one upstream wa
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import time
@@ -38,8 +37,6 @@ log = logging.getLogger("watchproxy.hub")
 INITIAL_SYNC_TIMEOUT = 30.0
 # How long a client's too-new resourceVersion may wait for the cache (as the apiserver: 3 s).
 TOO_LARGE_RV_WAIT = 3.0
-# A stalled write to one client for this long ends that client alone.
-WRITE_TIMEOUT = 30.0
 
 
 class TooManyWatches(ProxyError):
@@ -184,7 +181,7 @@ class Hub:
                     bookmarks=bool(query.allow_watch_bookmarks),
                     bookmark_interval=self.config.bookmark_interval_seconds,
                     max_lag=self.config.max_subscriber_lag,
-                    write_timeout=WRITE_TIMEOUT,
+                    write_timeout=self.config.slow_subscriber_timeout_seconds,
                 ),
                 self.metrics,
                 clock=self.clock,
@@ -240,8 +237,7 @@ class Hub:
                     f"current: {shared.cache.resource_version_str}",
                     retry_after=1,
                 )
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(shared.changed().wait(), remaining)
+            await shared.wait_change(remaining)
         return plan
 
     async def close(self) -> None:

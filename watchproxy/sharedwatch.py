@@ -36,6 +36,11 @@ log = logging.getLogger("watchproxy.hub")
 LIST_PAGE_SIZE = 500
 
 
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
 class State(Enum):
     LISTING = "listing"
     WATCHING = "watching"
@@ -100,7 +105,7 @@ class SharedWatch:
         self.failure: UpstreamRefused | None = None
         self.upstream_attempts = 0
         self.relists = 0
-        self._pulse = asyncio.Event()
+        self._waiters: set[asyncio.Future[None]] = set()
         self._synced = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._linger: asyncio.Task[None] | None = None
@@ -108,13 +113,26 @@ class SharedWatch:
 
     # ---- subscriber side -------------------------------------------------------------------
 
-    def changed(self) -> asyncio.Event:
-        """An event set at the next change (new events, or the end of this shared watch)."""
-        return self._pulse
+    async def wait_change(self, timeout: float) -> None:
+        """Return at the next change (new events, a bookmark, the end) or after ``timeout``.
+
+        A future per waiter and a timer handle, no task: this runs once per event batch for
+        every subscriber, so it must stay cheap.
+        """
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        self._waiters.add(waiter)
+        timer = loop.call_later(timeout, _wake, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiters.discard(waiter)
 
     def _notify(self) -> None:
-        self._pulse.set()
-        self._pulse = asyncio.Event()
+        waiters, self._waiters = self._waiters, set()
+        for waiter in waiters:
+            _wake(waiter)
 
     async def wait_synced(self, timeout: float) -> None:
         """Wait for the first list; raise UpstreamRefused / UpstreamUnavailable if it fails."""

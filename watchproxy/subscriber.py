@@ -57,13 +57,28 @@ class Subscriber:
         self._bytes = metrics.bytes_sent.labels(label)
         self._slow = metrics.slow_subscribers
         self.ended_because = ""
+        self.stalled = False
 
     def _client_gone(self) -> bool:
         transport = self.request.transport
         return transport is None or transport.is_closing()
 
+    def _abort_stalled(self) -> None:
+        self.stalled = True
+        transport = self.request.transport
+        if transport is not None:
+            transport.abort()  # wakes the blocked write with a connection error
+
     async def _write(self, data: bytes, events: int) -> None:
-        await asyncio.wait_for(self.response.write(data), self.options.write_timeout)
+        # A timer, not wait_for: cancelling aiohttp's drain does not reliably end it, while
+        # aborting the transport does — and a timer costs no task per write.
+        timer = asyncio.get_running_loop().call_later(
+            self.options.write_timeout, self._abort_stalled
+        )
+        try:
+            await self.response.write(data)
+        finally:
+            timer.cancel()
         self._sent.inc(events)
         self._bytes.inc(len(data))
 
@@ -84,7 +99,6 @@ class Subscriber:
                 first_line = False
                 await self._write(b"".join(lines), len(lines))
             while True:
-                pulse = self.shared.changed()
                 if self.shared.closed:
                     self.ended_because = "shared watch closed"
                     break
@@ -118,21 +132,33 @@ class Subscriber:
                     continue
                 wake = min(deadline, next_bookmark if self.options.bookmarks else deadline)
                 timeout = min(max(0.0, wake - now), LIVENESS_POLL_SECONDS)
-                try:
-                    await asyncio.wait_for(pulse.wait(), timeout)
-                except TimeoutError:
-                    if self._client_gone():
-                        self.ended_because = "client gone"
-                        return
+                await self.shared.wait_change(timeout)
+                if self._client_gone():
+                    self.ended_because = "client gone"
+                    return
             if self.options.bookmarks and self.ended_because == "deadline":
                 await self._bookmark(min_rv)
-            await self.response.write_eof()
-        except (ConnectionResetError, ConnectionError, TimeoutError, RuntimeError):
+            # A stalled client cannot even take the end of the stream: bounded like a write.
+            timer = asyncio.get_running_loop().call_later(
+                self.options.write_timeout, self._abort_stalled
+            )
+            try:
+                await self.response.write_eof()
+            finally:
+                timer.cancel()
+        except (ConnectionError, RuntimeError):
             # The client went away or stopped reading: its stream is over, nobody else waits.
             self.ended_because = self.ended_because or "client gone"
             if self.request.transport is not None:
                 self.request.transport.close()
         finally:
+            if self.stalled and self.ended_because != "too slow":
+                self.ended_because = "stalled"
+                self._slow.inc()
+                log.info(
+                    "ended a watch client of %s that stopped reading",
+                    self.shared.key.collection_path,
+                )
             self.shared.cursors.pop(me, None)
 
     async def _bookmark(self, min_rv: int) -> None:
