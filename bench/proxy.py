@@ -12,30 +12,11 @@ import asyncio
 import cProfile
 import time
 
-from aiohttp import web
-
 from bench.roles import emit, install_uvloop, serve_commands
 from watchproxy.app import Proxy
 from watchproxy.config import build_config
 from watchproxy.credentials import from_kubeconfig
 from watchproxy.logs import setup_logging
-
-
-class BenchProxy(Proxy):
-    """watchproxy as is, except ``_serve``: ``Proxy._serve`` asserts that the bound server is an
-    ``asyncio.Server``, which uvloop's is not (so ``watchproxy run`` on uvloop fails to start).
-    This copy reads the port without that assertion; drop it once app.py accepts uvloop."""
-
-    async def _serve(self, app: web.Application, host: str, port: int) -> int:
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0)
-        await runner.setup()
-        site = web.TCPSite(runner, host, port, reuse_address=True)
-        await site.start()
-        self._runners.append(runner)
-        server = site._server
-        assert server is not None
-        bound: int = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
-        return bound
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -56,7 +37,7 @@ async def main(args: argparse.Namespace) -> None:
         file_name="bench",
     )
     setup_logging(config.logging.level, as_json=False)
-    proxy = BenchProxy(config, from_kubeconfig(args.kubeconfig))
+    proxy = Proxy(config, from_kubeconfig(args.kubeconfig))
     await proxy.start()
     try:
         deadline = time.monotonic() + 30

@@ -414,7 +414,7 @@ async def soak(args: argparse.Namespace) -> int:
         tmp = tempfile.mkdtemp(prefix="soak-")
         kubeconfig = fake.write_kubeconfig(os.path.join(tmp, "upstream.kubeconfig"))
         api_port, admin_port = free_port(), free_port()
-        launcher = ["-m", "watchproxy"] if args.uvloop else ["-c", NO_UVLOOP]
+        launcher = ["-c", NO_UVLOOP] if args.no_uvloop else ["-m", "watchproxy"]
         settings = {
             "hub.linger_seconds": "2",
             "hub.bookmark_interval_seconds": "5",
@@ -620,7 +620,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=20, help="store writes per second")
     parser.add_argument("--report-interval", type=float, default=60, help="seconds")
     parser.add_argument(
-        "--uvloop", action="store_true", help="run `python -m watchproxy` as shipped (uvloop)"
+        "--no-uvloop",
+        action="store_true",
+        help="run the proxy on the default asyncio loop (default: `python -m watchproxy`, uvloop)",
     )
     args = parser.parse_args(argv)
     return asyncio.run(soak(args))

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Callable
 
 import pytest
+import uvloop
 
 from watchproxy.fakeapi import FakeApiServer
+
+
+def pytest_asyncio_loop_factories() -> dict[str, Callable[[], asyncio.AbstractEventLoop]]:
+    """Run every test on uvloop, the loop watchproxy runs on in production."""
+    return {"uvloop": uvloop.new_event_loop}
 
 
 @pytest.fixture

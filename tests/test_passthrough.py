@@ -188,3 +188,9 @@ async def test_foreign_host_header_is_refused(tmp_path: Any) -> None:
         assert response.status == 403
         assert (await response.json())["kind"] == "Status"
         response.release()
+
+
+async def test_the_suite_runs_on_uvloop_like_production() -> None:
+    import asyncio
+
+    assert type(asyncio.get_running_loop()).__module__.startswith("uvloop")

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -17,6 +19,7 @@ from watchproxy.config import Config
 from watchproxy.connectivity import Connectivity
 from watchproxy.credentials import UpstreamTarget
 from watchproxy.hub import Hub
+from watchproxy.listener import ConnectionGuard
 from watchproxy.metrics import Metrics
 from watchproxy.passthrough import Forwarder
 from watchproxy.ratelimit import ClientRateLimiter, UpstreamLimiter
@@ -87,6 +90,7 @@ class Proxy:
         self.api_port = 0
         self.admin_port = 0
         self._runners: list[web.AppRunner] = []
+        self._servers: list[asyncio.Server] = []
 
     def _client_limit(self, key: str) -> float:
         assert self.client_limiter is not None
@@ -103,7 +107,14 @@ class Proxy:
     async def start(self) -> None:
         await self.upstream.start()
         self.connectivity.start()
+        guard = ConnectionGuard(
+            asyncio.Protocol,
+            max_connections=self.config.limits.max_connections,
+            header_timeout=self.config.limits.header_timeout_seconds,
+            metrics=self.metrics,
+        )
         handler = ApiHandler(
+            guard=guard,
             forwarder=self.forwarder,
             metrics=self.metrics,
             policy=AccessPolicy(
@@ -117,7 +128,9 @@ class Proxy:
         admin_app = build_admin_app(
             metrics=self.metrics, ready=self.ready, debug_watches=self.debug_watches
         )
-        self.api_port = await self._serve(api_app, self.config.listen.host, self.config.listen.port)
+        self.api_port = await self._serve(
+            api_app, self.config.listen.host, self.config.listen.port, guard=handler.guard
+        )
         self.admin_port = await self._serve(
             admin_app, self.config.admin.host, self.config.admin.port
         )
@@ -130,25 +143,37 @@ class Proxy:
             self.admin_port,
         )
 
-    async def _serve(self, app: web.Application, host: str, port: int) -> int:
+    async def _serve(
+        self, app: web.Application, host: str, port: int, *, guard: ConnectionGuard | None = None
+    ) -> int:
         # Bind the socket here so that port 0 tells its real number, whatever the event loop.
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.create_server((host.strip("[]"), port), family=family, backlog=512)
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0)
         await runner.setup()
-        site = web.SockSite(runner, sock)
-        await site.start()
         self._runners.append(runner)
+        assert runner.server is not None
+        factory: Callable[[], asyncio.Protocol] = runner.server
+        if guard is not None:
+            guard.inner_factory = runner.server
+            factory = guard
+        server = await asyncio.get_running_loop().create_server(factory, sock=sock)
+        self._servers.append(server)
         bound: int = sock.getsockname()[1]
         return bound
 
     async def stop(self) -> None:
         if self.hub is not None:
             await self.hub.close()
+        for server in self._servers:
+            server.close()  # stop accepting first
         self.forwarder.close_streams()
         for runner in reversed(self._runners):
             await runner.cleanup()
         self._runners.clear()
+        for server in self._servers:
+            await server.wait_closed()
+        self._servers.clear()
         await self.connectivity.close()
         await self.upstream.close()
         log.info("stopped")

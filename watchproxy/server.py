@@ -15,6 +15,7 @@ from aiohttp import web
 from watchproxy.access import AccessPolicy, HostNotAllowed, host_allowed
 from watchproxy.apipath import ApiPath, parse_api_path
 from watchproxy.errors import BadRequest, ProxyError, TooManyRequests, status_bytes
+from watchproxy.listener import ConnectionGuard
 from watchproxy.metrics import Metrics
 from watchproxy.passthrough import Forwarder
 from watchproxy.watchquery import WatchQuery, parse_watch_query
@@ -86,8 +87,10 @@ class ApiHandler:
         allowed_hosts: tuple[str, ...],
         hub: WatchServer | None = None,
         client_limit: Callable[[str], float] | None = None,
+        guard: ConnectionGuard | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self.guard = guard
         self.forwarder = forwarder
         self.metrics = metrics
         self.policy = policy
@@ -102,6 +105,8 @@ class ApiHandler:
         kind = "request"
         gauge = self.metrics.in_flight.labels(kind)
         gauge.inc()
+        if self.guard is not None:
+            self.guard.request_started(request.transport)
         response: web.StreamResponse
         try:
             verb, response = await self._handle(request)
@@ -112,6 +117,8 @@ class ApiHandler:
             response = status_response(error)
         finally:
             gauge.dec()
+            if self.guard is not None:
+                self.guard.request_finished(request.transport)
         self.metrics.requests.labels(verb, str(response.status)).inc()
         self.metrics.request_duration.labels(verb).observe(self._clock() - started)
         return response
