@@ -1,0 +1,94 @@
+"""Limits of the API port: a deadline for request headers, a cap on connections and watches."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import aiohttp
+
+from tests.harness import running_proxy, wait_for
+
+PODS = "/api/v1/namespaces/default/pods"
+
+
+async def _read_reply(reader: asyncio.StreamReader) -> tuple[int, dict[str, Any]]:
+    status_line = await asyncio.wait_for(reader.readline(), 10)
+    headers: dict[str, str] = {}
+    while (line := await asyncio.wait_for(reader.readline(), 10)) not in (b"\r\n", b""):
+        name, _, value = line.decode().partition(":")
+        headers[name.strip().lower()] = value.strip()
+    body = await reader.readexactly(int(headers["content-length"]))
+    return int(status_line.split()[1]), json.loads(body)
+
+
+async def test_slowloris_headers_get_408_and_are_closed(tmp_path: Any) -> None:
+    overrides = {"limits.header_timeout_seconds": 0.5}
+    async with running_proxy(tmp_path, overrides) as running:
+        reader, writer = await asyncio.open_connection("127.0.0.1", running.proxy.api_port)
+        writer.write(b"GET /api/v1/namespaces/default/pods HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        await writer.drain()  # ... and the blank line never comes
+        code, status = await _read_reply(reader)
+        assert code == 408
+        assert status["kind"] == "Status" and status["reason"] == "Timeout"
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # closed
+        writer.close()
+        metrics = running.proxy.metrics.rejected.labels("header-timeout")
+        assert metrics._value.get() == 1  # type: ignore[attr-defined]
+
+
+async def test_open_watch_is_not_a_slow_client(tmp_path: Any) -> None:
+    overrides = {"limits.header_timeout_seconds": 0.3}
+    async with running_proxy(tmp_path, overrides) as running, aiohttp.ClientSession() as session:
+        async with session.get(running.url + PODS + "?watch=1&timeoutSeconds=1") as response:
+            assert response.status == 200
+            assert await response.read() == b""  # ended by its timeout, not by the guard
+        # Keep-alive: a second request on the same connection is served too.
+        async with session.get(running.url + PODS) as response:
+            assert response.status == 200
+
+
+async def test_connections_beyond_the_cap_get_503(tmp_path: Any) -> None:
+    overrides = {"limits.max_connections": 3}
+    async with running_proxy(tmp_path, overrides) as running:
+        held = [
+            await asyncio.open_connection("127.0.0.1", running.proxy.api_port) for _ in range(3)
+        ]
+        reader, writer = await asyncio.open_connection("127.0.0.1", running.proxy.api_port)
+        code, status = await _read_reply(reader)
+        assert code == 503
+        assert "at most 3 connections" in status["message"]
+        writer.close()
+        for _, w in held:
+            w.close()
+        await wait_for(
+            lambda: running.proxy.metrics.rejected.labels("connections")._value.get() == 1
+        )  # type: ignore[attr-defined]
+
+
+async def test_watches_beyond_the_cap_get_429(tmp_path: Any) -> None:
+    overrides = {"limits.max_watches": 2}
+    async with running_proxy(tmp_path, overrides) as running, aiohttp.ClientSession() as session:
+        first = await session.get(running.url + PODS + "?watch=1")
+        second = await session.get(running.url + PODS + "?watch=1")
+        async with session.get(running.url + PODS + "?watch=1") as third:
+            assert third.status == 429
+            assert third.headers["Retry-After"] == "5"
+            assert (await third.json())["reason"] == "TooManyRequests"
+        first.close()
+        second.close()
+
+
+async def test_oversized_body_gets_413(tmp_path: Any) -> None:
+    overrides = {"limits.max_body_bytes": 1024}
+    async with running_proxy(tmp_path, overrides) as running, aiohttp.ClientSession() as session:
+        body = json.dumps({"metadata": {"name": "x"}, "data": {"k": "v" * 4096}})
+        async with session.post(
+            running.url + "/api/v1/namespaces/default/configmaps",
+            data=body,
+            headers={"Content-Type": "application/json"},
+        ) as response:
+            assert response.status == 413
+            assert (await response.json())["reason"] == "RequestEntityTooLarge"
+        assert not [r for r in running.fake.stats.requests if r.method == "POST"]
