@@ -345,11 +345,14 @@ async def inject_faults(
             await asyncio.sleep(rng.uniform(1, 3))
             faults.throttle(None)
         elif kind == "relist":
+            # The relist's diff rewrites history (DELETEs carry the list's RV): sessions that
+            # overlap it get the order and state checks only. Open-ended until it has settled.
             before = fake.store.resource_version
+            truth.suspect.append((before - 200, sys.maxsize))
             fake.store.compact()
             faults.cut_watches()
             await asyncio.sleep(5)
-            truth.suspect.append((before - 200, fake.store.resource_version))
+            truth.suspect[-1] = (before - 200, fake.store.resource_version)
         elif kind == "garbage":
             faults.garbage_next_watch_line(1)
         elif kind == "5xx":

@@ -39,3 +39,16 @@ def test_fanout_benchmark_runs_and_loses_nothing(tmp_path: Path) -> None:
     assert by_mode[("max", 5, "proxy")]["upstream_watches"] == 1
     assert by_mode[("max", 5, "ceiling")]["upstream_watches"] == 1
     assert by_mode[("max", 5, "direct")]["upstream_watches"] == 5
+
+
+def test_outage_comparison_runs_and_loses_nothing() -> None:
+    command = [sys.executable, "-m", "bench.outage", "--outage", "2", "--clients", "10"]
+    command += ["--only", "watchproxy"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    [result] = json.loads(done.stdout[: done.stdout.index("]") + 1])
+    assert result["every_watcher_got_every_event_once_in_order"]
+    assert result["watch_reconnects"] == 0  # streams stayed open through the outage

@@ -194,3 +194,28 @@ async def test_the_suite_runs_on_uvloop_like_production() -> None:
     import asyncio
 
     assert type(asyncio.get_running_loop()).__module__.startswith("uvloop")
+
+
+async def test_printed_kubeconfig_works_with_kubectl_against_the_proxy(tmp_path: Any) -> None:
+    import asyncio
+    import sys
+
+    async with running_proxy(tmp_path) as running:
+        running.fake.store.create(
+            "pods",
+            "default",
+            {"metadata": {"name": "web-0"}, "spec": {"containers": [{"name": "c", "image": "x"}]}},
+        )
+        printer = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "watchproxy", "kubeconfig",
+            "--listen-port", str(running.proxy.api_port), "--namespace", "default",
+            stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        printed, _ = await asyncio.wait_for(printer.communicate(), 30)
+        assert printer.returncode == 0
+        path = f"{tmp_path}/printed.kubeconfig"
+        with open(path, "wb") as handle:
+            handle.write(printed)
+        code, out, err = await kubectl(path, "get", "pods", "-o", "name")
+        assert code == 0, err
+        assert out.strip() == "pod/web-0"
