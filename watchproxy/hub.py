@@ -125,7 +125,8 @@ class Hub:
     async def serve(
         self, request: web.Request, api_path: ApiPath, query: WatchQuery
     ) -> web.StreamResponse | None:
-        auth = request.headers.get("Authorization") if self.forward_identity else None
+        # Forward mode: the client's own credential, or none at all — never the proxy's.
+        auth = request.headers.get("Authorization", "") if self.forward_identity else None
         found = watch_key(
             api_path,
             query,
@@ -203,7 +204,8 @@ class Hub:
         """
         if query.resource_version != "0" or query.continue_token:
             return None
-        auth = request.headers.get("Authorization") if self.forward_identity else None
+        # Forward mode: the client's own credential, or none at all — never the proxy's.
+        auth = request.headers.get("Authorization", "") if self.forward_identity else None
         found = watch_key(
             api_path,
             query,

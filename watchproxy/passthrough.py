@@ -52,7 +52,7 @@ class Forwarder:
         headers = request_headers(request.headers, forward_identity=self.forward_identity)
         forwarded_auth = None
         if self.forward_identity:
-            forwarded_auth = request.headers.get("Authorization")
+            forwarded_auth = request.headers.get("Authorization", "")
         # raw_path is exactly what was checked by the path parser: forward those bytes.
         upstream_response = await self.upstream.open(
             request.method,

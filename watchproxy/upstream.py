@@ -127,7 +127,8 @@ class Upstream:
         url = self.target.server + path_qs
         for attempt in range(2):
             send_headers: CIMultiDict[str] = CIMultiDict(headers or {})
-            auth = forwarded_auth if forwarded_auth is not None else self.target.auth_header()
+            # Forward mode passes the client's credential ("" = the client sent none: anonymous).
+            auth = self.target.auth_header() if forwarded_auth is None else forwarded_auth or None
             if auth is not None:
                 send_headers["Authorization"] = auth
             try:

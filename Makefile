@@ -1,0 +1,22 @@
+# The few commands a contributor needs. Each script creates .venv on first use.
+.PHONY: test lint demo bench soak outage
+
+test:            ## lint, type-check and run the test suite (what CI runs)
+	scripts/test.sh
+
+lint:
+	.venv/bin/ruff check watchproxy tests bench
+	.venv/bin/ruff format --check watchproxy tests bench
+	.venv/bin/mypy
+
+demo:            ## the proxy in front of an embedded fake apiserver
+	scripts/demo.sh
+
+bench:           ## fan-out benchmark: proxy vs direct vs raw broadcast ceiling
+	.venv/bin/python -m bench.fanout
+
+outage:          ## 30 s outage with 50 clients: watchproxy vs kubectl proxy
+	.venv/bin/python -m bench.outage
+
+soak:            ## 10-minute soak with 100 clients and random upstream faults
+	.venv/bin/python -m bench.soak --duration 600 --clients 100

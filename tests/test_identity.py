@@ -1,0 +1,53 @@
+"""Identity modes: by default everyone is the proxy; in forward mode, each client is itself."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+
+from tests.harness import running_proxy
+
+PODS = "/api/v1/namespaces/default/pods"
+
+
+async def test_forward_mode_sends_the_clients_credential_and_never_the_proxys(
+    tmp_path: Any,
+) -> None:
+    overrides = {"security.identity": "forward"}
+    async with running_proxy(tmp_path, overrides) as running, aiohttp.ClientSession() as session:
+        good = {"Authorization": f"Bearer {running.fake.token}"}
+        async with session.get(running.url + PODS, headers=good) as response:
+            assert response.status == 200
+        for headers in ({"Authorization": "Bearer someone-else"}, {}):
+            async with session.get(running.url + PODS, headers=headers) as response:
+                assert response.status == 401  # the apiserver's answer, passed through
+                assert (await response.json())["reason"] == "Unauthorized"
+        sent = [
+            r.headers.get("Authorization") for r in running.fake.stats.requests if r.path == PODS
+        ]
+        assert sent == [f"Bearer {running.fake.token}", "Bearer someone-else", None]
+
+
+async def test_forward_mode_shares_watches_only_between_equal_credentials(
+    tmp_path: Any,
+) -> None:
+    overrides = {"security.identity": "forward"}
+    async with running_proxy(tmp_path, overrides) as running, aiohttp.ClientSession() as session:
+        running.fake.store.create(
+            "pods", "default", {"metadata": {"name": "p"}, "spec": {"containers": []}}
+        )
+        good = {"Authorization": f"Bearer {running.fake.token}"}
+        url = running.url + PODS + "?watch=1&timeoutSeconds=1"
+        for _ in range(2):
+            async with session.get(url, headers=good) as response:
+                assert response.status == 200
+                assert len((await response.read()).splitlines()) == 1
+        async with session.get(url, headers={"Authorization": "Bearer intruder"}) as response:
+            # Not served from the good client's shared state: the upstream refuses it.
+            assert response.status == 401
+        hub = running.proxy.hub
+        assert hub is not None
+        identities = {w["key"]["identity"] for w in hub.debug()}
+        assert "proxy" not in identities
+        assert all(running.fake.token not in str(w) for w in hub.debug())  # digests only
