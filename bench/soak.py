@@ -396,11 +396,13 @@ async def report(
     try:
         shared = await metric(session, admin, "watchproxy_shared_watches")
         subs = await metric(session, admin, "watchproxy_watch_subscribers")
+        history = await metric(session, admin, "watchproxy_watch_history_events")
     except aiohttp.ClientError:
-        shared = subs = float("nan")
+        shared = subs = history = float("nan")
     print(
         f"[{time.monotonic() - started:7.1f}s] {what}: proxy RSS {rss:.1f} MiB, {fds} fds, "
-        f"{shared:.0f} shared watches, {subs:.0f} subscribers; sessions {stats.sessions} "
+        f"{shared:.0f} shared watches, {subs:.0f} subscribers, {history:.0f} history events; "
+        f"sessions {stats.sessions} "
         f"(exact {stats.exact_sessions}), events {stats.events}, 410s {stats.expired}, "
         f"retries {stats.retries}, violations {len(stats.violations)}",
         flush=True,

@@ -19,7 +19,7 @@ from watchproxy.config import Config
 from watchproxy.connectivity import Connectivity
 from watchproxy.credentials import UpstreamTarget
 from watchproxy.hub import Hub
-from watchproxy.listener import ConnectionGuard
+from watchproxy.listener import ConnectionGuard, status_server_factory
 from watchproxy.metrics import Metrics
 from watchproxy.passthrough import Forwarder
 from watchproxy.ratelimit import ClientRateLimiter, UpstreamLimiter
@@ -155,7 +155,7 @@ class Proxy:
         assert runner.server is not None
         factory: Callable[[], asyncio.Protocol] = runner.server
         if guard is not None:
-            guard.inner_factory = runner.server
+            guard.inner_factory = status_server_factory(runner.server, self.metrics)
             factory = guard
         server = await asyncio.get_running_loop().create_server(factory, sock=sock)
         self._servers.append(server)

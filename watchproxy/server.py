@@ -127,7 +127,12 @@ class ApiHandler:
         if not host_allowed(request.headers.get("Host"), self.allowed_hosts):
             raise HostNotAllowed(f"Host {request.headers.get('Host')!r} is not allowed")
         raw_path, _, raw_query = request.raw_path.partition("?")
-        api_path = parse_api_path(raw_path)
+        try:
+            api_path = parse_api_path(raw_path)
+        except BadRequest:
+            self.metrics.rejected.labels("path").inc()
+            log.warning("refused non-canonical path %r from %s", raw_path[:200], request.remote)
+            raise
         query: WatchQuery | None = None
         if api_path.resource is not None:
             query = parse_watch_query(request.rel_url.query)
