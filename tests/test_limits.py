@@ -92,3 +92,23 @@ async def test_oversized_body_gets_413(tmp_path: Any) -> None:
             assert response.status == 413
             assert (await response.json())["reason"] == "RequestEntityTooLarge"
         assert not [r for r in running.fake.stats.requests if r.method == "POST"]
+
+
+async def test_token_bucket_answers_429_instead_of_queueing_past_max_wait(tmp_path: Any) -> None:
+    overrides = {"ratelimit.qps": 1, "ratelimit.burst": 1, "ratelimit.max_wait_seconds": 0.1}
+    async with running_proxy(tmp_path, overrides) as running, aiohttp.ClientSession() as session:
+        await asyncio.sleep(1.1)  # the readiness probe took the first token; let it refill
+        running.fake.stats.reset()
+        answers = []
+        for _ in range(3):
+            async with session.get(running.url + PODS) as response:
+                answers.append((response.status, response.headers.get("Retry-After")))
+                if response.status == 429:
+                    status = await response.json()
+        assert answers[0] == (200, None)
+        assert [code for code, _ in answers[1:]] == [429, 429]
+        assert all(retry and int(retry) >= 1 for _, retry in answers[1:])
+        assert status["reason"] == "TooManyRequests"
+        assert len([r for r in running.fake.stats.requests if r.path == PODS]) == 1
+        throttled = running.proxy.metrics.throttled.labels("upstream")._value.get()  # type: ignore[attr-defined]
+        assert throttled == 2

@@ -32,9 +32,11 @@ class SerialConnector(aiohttp.TCPConnector):
         *,
         is_down: Callable[[], bool],
         on_failure: Callable[[BaseException], None],
+        on_dial: Callable[[], None] = lambda: None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self._on_dial = on_dial
         self._is_down = is_down
         self._on_failure = on_failure
         self._dial = asyncio.Lock()
@@ -43,6 +45,7 @@ class SerialConnector(aiohttp.TCPConnector):
         async with self._dial:
             if self._is_down() and not PROBING.get():
                 raise UpstreamDown("the apiserver is unreachable")
+            self._on_dial()
             try:
                 return await super()._create_connection(req, traces, timeout)
             except (OSError, aiohttp.ClientError, TimeoutError) as error:

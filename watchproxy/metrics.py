@@ -60,7 +60,12 @@ class Metrics:
         )
         self.upstream_connection_attempts = Counter(
             "watchproxy_upstream_connection_attempts",
-            "Shared upstream watches and lists opened (each one a new upstream request).",
+            "New TCP connections dialed to the apiserver (what it sees during an outage).",
+            registry=r,
+        )
+        self.watch_upstream_opens = Counter(
+            "watchproxy_watch_upstream_opens",
+            "Upstream lists and watches opened by shared watches.",
             registry=r,
         )
         self.backoff_delay = Gauge(

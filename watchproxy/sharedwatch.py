@@ -265,7 +265,7 @@ class SharedWatch:
 
     async def _open(self, path_qs: str, *, verb: str, streaming: bool) -> aiohttp.ClientResponse:
         self.upstream_attempts += 1
-        self.metrics.upstream_connection_attempts.inc()
+        self.metrics.watch_upstream_opens.inc()
         return await self.upstream.open(
             "GET",
             path_qs,

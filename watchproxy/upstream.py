@@ -21,7 +21,7 @@ from watchproxy.config import UpstreamConfig
 from watchproxy.connectivity import Connectivity
 from watchproxy.connector import PROBING, SerialConnector, UpstreamDown
 from watchproxy.credentials import UpstreamTarget
-from watchproxy.errors import UpstreamTimeout, UpstreamUnavailable
+from watchproxy.errors import TooManyRequests, UpstreamTimeout, UpstreamUnavailable
 from watchproxy.metrics import Metrics
 from watchproxy.ratelimit import UpstreamLimiter, parse_retry_after
 
@@ -54,6 +54,7 @@ class Upstream:
         connector = SerialConnector(
             is_down=lambda: self.connectivity is not None and self.connectivity.down,
             on_failure=lambda error: self._mark(False, describe(error)),
+            on_dial=self.metrics.upstream_connection_attempts.inc,
             ssl=self.target.ssl_context if self.target.ssl_context is not None else False,
             limit=0,
             ttl_dns_cache=30,
@@ -131,8 +132,12 @@ class Upstream:
             auth = self.target.auth_header() if forwarded_auth is None else forwarded_auth or None
             if auth is not None:
                 send_headers["Authorization"] = auth
+            queued = self._clock()
             try:
                 async with self.limiter.slot(max_wait=self.max_wait if not wait else None):
+                    waited = self._clock() - queued
+                    if waited > 0.001:
+                        self.metrics.ratelimit_wait.inc(waited)
                     response = await self._session.request(
                         method,
                         URL(url, encoded=True),
@@ -143,6 +148,9 @@ class Upstream:
                     )
             except UpstreamDown:
                 raise self._unavailable() from None
+            except TooManyRequests:
+                self.metrics.throttled.labels("upstream").inc()
+                raise
             except TimeoutError:
                 self._mark(False, "timed out")
                 self.metrics.upstream_errors.labels("timeout").inc()
