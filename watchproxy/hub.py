@@ -122,9 +122,10 @@ class Hub:
             self.config.client_watch_min_seconds, self.config.client_watch_max_seconds
         )
 
-    async def serve(
+    def _key(
         self, request: web.Request, api_path: ApiPath, query: WatchQuery
-    ) -> web.StreamResponse | None:
+    ) -> tuple[str | None, tuple[WatchKey, Representation] | Unservable]:
+        """The credential the request runs as (forward mode only) and its watch key."""
         # Forward mode: the client's own credential, or none at all — never the proxy's.
         auth = request.headers.get("Authorization", "") if self.forward_identity else None
         found = watch_key(
@@ -133,6 +134,12 @@ class Hub:
             accept=request.headers.get("Accept"),
             identity=identity_of(auth, self.forward_identity),
         )
+        return auth, found
+
+    async def serve(
+        self, request: web.Request, api_path: ApiPath, query: WatchQuery
+    ) -> web.StreamResponse | None:
+        auth, found = self._key(request, api_path, query)
         if isinstance(found, Unservable):
             self.metrics.passthrough_watches.labels(found.reason).inc()
             return None
@@ -204,14 +211,7 @@ class Hub:
         """
         if query.resource_version != "0" or query.continue_token:
             return None
-        # Forward mode: the client's own credential, or none at all — never the proxy's.
-        auth = request.headers.get("Authorization", "") if self.forward_identity else None
-        found = watch_key(
-            api_path,
-            query,
-            accept=request.headers.get("Accept"),
-            identity=identity_of(auth, self.forward_identity),
-        )
+        _auth, found = self._key(request, api_path, query)
         if isinstance(found, Unservable):
             return None
         shared = self.watches.get(found[0])
