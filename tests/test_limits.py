@@ -112,3 +112,31 @@ async def test_token_bucket_answers_429_instead_of_queueing_past_max_wait(tmp_pa
         assert len([r for r in running.fake.stats.requests if r.path == PODS]) == 1
         throttled = running.proxy.metrics.throttled.labels("upstream")._value.get()  # type: ignore[attr-defined]
         assert throttled == 2
+
+
+async def test_smuggling_and_traversal_attempts_are_refused_and_logged(
+    tmp_path: Any, caplog: Any
+) -> None:
+    import logging
+
+    caplog.set_level(logging.WARNING)
+    async with running_proxy(tmp_path) as running:
+        attempts = [
+            b"POST /api/v1/namespaces/default/configmaps HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+            b"GET /api/v1/namespaces/default/%2e%2e/kube-system/secrets HTTP/1.1\r\n"
+            b"Host: 127.0.0.1\r\n\r\n",
+        ]
+        for raw in attempts:
+            reader, writer = await asyncio.open_connection("127.0.0.1", running.proxy.api_port)
+            writer.write(raw)
+            await writer.drain()
+            code, status = await _read_reply(reader)
+            assert code == 400 and status["kind"] == "Status"
+            writer.close()
+        assert not [r for r in running.fake.stats.requests if r.method == "POST"]
+        assert not [r for r in running.fake.stats.requests if "secrets" in r.path]
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("refused a malformed request from 127.0.0.1") for m in messages)
+    assert any(m.startswith("refused non-canonical path") for m in messages)
+    assert all("\n" not in m for m in messages)  # one line each

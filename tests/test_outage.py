@@ -204,3 +204,34 @@ async def test_backoff_schedule_has_jitter_so_many_proxies_spread(tmp_path: Any)
     a = Backoff(policy, random.Random(1), time.monotonic)
     b = Backoff(policy, random.Random(2), time.monotonic)
     assert [round(a.failure(), 3) for _ in range(5)] != [round(b.failure(), 3) for _ in range(5)]
+
+
+async def test_bookmarks_continue_at_the_last_rv_during_an_outage(tmp_path: Any) -> None:
+    overrides = dict(BACKOFF, **{"hub.bookmark_interval_seconds": 0.2})
+    async with running_proxy(tmp_path, overrides) as running, aiohttp.ClientSession() as session:
+        last = running.fake.store.create("pods", "default", pod("web-0", "web"))
+        bookmarks: list[str] = []
+        outage_started = asyncio.Event()
+
+        async def follow() -> None:
+            url = f"{running.url}{PODS}?watch=1&allowWatchBookmarks=true"
+            async with session.get(url) as response:
+                async for raw in response.content:
+                    event = json.loads(raw)
+                    if event["type"] == "BOOKMARK" and outage_started.is_set():
+                        bookmarks.append(event["object"]["metadata"]["resourceVersion"])
+                        if len(bookmarks) == 3:
+                            return
+
+        task = asyncio.ensure_future(follow())
+        hub = running.proxy.hub
+        assert hub is not None
+        await wait_for(lambda: hub.active_clients == 1)
+        await running.fake.faults.outage("refuse")
+        await wait_for(lambda: running.proxy.connectivity.down, what="the proxy to notice")
+        outage_started.set()
+        await asyncio.wait_for(task, 10)
+        await running.fake.faults.recover()
+        # Every bookmark during the outage carries the last RV the proxy had seen, no newer.
+        assert all(int(rv) >= int(last["metadata"]["resourceVersion"]) for rv in bookmarks)
+        assert len(set(bookmarks)) == 1
