@@ -219,3 +219,28 @@ async def test_printed_kubeconfig_works_with_kubectl_against_the_proxy(tmp_path:
         code, out, err = await kubectl(path, "get", "pods", "-o", "name")
         assert code == 0, err
         assert out.strip() == "pod/web-0"
+
+
+async def test_kubectl_exec_is_relayed_over_websocket(tmp_path: Any) -> None:
+    async with running_proxy(tmp_path) as running:
+        running.fake.store.create(
+            "pods",
+            "default",
+            {"metadata": {"name": "shell"}, "spec": {"containers": [{"name": "c", "image": "x"}]}},
+        )
+        code, out, err = await kubectl(running.kubeconfig, "exec", "shell", "--", "echo", "hi")
+        assert code == 0, err
+        assert out == "hi\n"
+        code, out, err = await kubectl(
+            running.kubeconfig, "exec", "-i", "shell", "--", "cat", stdin=b"line one\nline two\n"
+        )
+        assert code == 0, err
+        assert out == "line one\nline two\n"
+        code, out, err = await kubectl(running.kubeconfig, "exec", "shell", "--", "false")
+        assert code != 0
+        code, _, err = await kubectl(running.kubeconfig, "exec", "missing", "--", "echo")
+        assert code != 0 and "not found" in err
+        upgrades = [r for r in running.fake.stats.requests if r.path.endswith("/exec")]
+        assert upgrades and all(
+            r.headers.get("Authorization") == f"Bearer {running.fake.token}" for r in upgrades
+        )

@@ -24,6 +24,7 @@ from watchproxy.metrics import Metrics
 from watchproxy.passthrough import Forwarder
 from watchproxy.ratelimit import ClientRateLimiter, UpstreamLimiter
 from watchproxy.server import ApiHandler, build_api_app
+from watchproxy.upgrade import WebSocketRelay
 from watchproxy.upstream import Upstream
 
 log = logging.getLogger("watchproxy")
@@ -115,6 +116,9 @@ class Proxy:
         )
         handler = ApiHandler(
             guard=guard,
+            relay=WebSocketRelay(
+                self.upstream, forward_identity=self.config.security.identity == "forward"
+            ),
             forwarder=self.forwarder,
             metrics=self.metrics,
             policy=AccessPolicy(

@@ -18,6 +18,7 @@ from watchproxy.errors import BadRequest, ProxyError, TooManyRequests, status_by
 from watchproxy.listener import ConnectionGuard
 from watchproxy.metrics import Metrics
 from watchproxy.passthrough import Forwarder
+from watchproxy.upgrade import WebSocketRelay
 from watchproxy.watchquery import WatchQuery, parse_watch_query
 
 log = logging.getLogger("watchproxy.server")
@@ -88,9 +89,11 @@ class ApiHandler:
         hub: WatchServer | None = None,
         client_limit: Callable[[str], float] | None = None,
         guard: ConnectionGuard | None = None,
+        relay: WebSocketRelay | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.guard = guard
+        self.relay = relay
         self.forwarder = forwarder
         self.metrics = metrics
         self.policy = policy
@@ -140,9 +143,14 @@ class ApiHandler:
         verb = verb_of(request.method, api_path, watch)
         self.policy.check(request.method, raw_path)
         if request.headers.get("Upgrade") or api_path.subresource in UPGRADE_SUBRESOURCES:
-            raise BadRequest(
-                "watchproxy does not proxy connection upgrades (exec, attach, port-forward) yet"
-            )
+            if self.relay is None or api_path.subresource not in UPGRADE_SUBRESOURCES:
+                raise BadRequest(f"watchproxy does not relay upgrades on {raw_path}")
+            upgrades = self.metrics.in_flight.labels("stream")
+            upgrades.inc()
+            try:
+                return verb, await self.relay.relay(request)
+            finally:
+                upgrades.dec()
         if verb in ("watch", "list") and self.client_limit is not None:
             wait = self.client_limit(request.remote or "")
             if wait > 0:

@@ -184,6 +184,48 @@ class Upstream:
             return response
         raise AssertionError("unreachable")  # pragma: no cover
 
+    async def websocket(
+        self,
+        path_qs: str,
+        *,
+        protocols: list[str],
+        headers: CIMultiDict[str],
+        forwarded_auth: str | None = None,
+    ) -> aiohttp.ClientWebSocketResponse:
+        """Open a WebSocket to the apiserver (exec, attach, port-forward) as the proxy.
+
+        Raises aiohttp.WSServerHandshakeError when the apiserver refuses the upgrade.
+        """
+        assert self._session is not None, "Upstream.start() was not called"
+        if self.connectivity is not None and self.connectivity.down:
+            raise self._unavailable()
+        send_headers: CIMultiDict[str] = CIMultiDict(headers)
+        auth = self.target.auth_header() if forwarded_auth is None else forwarded_auth or None
+        if auth is not None:
+            send_headers["Authorization"] = auth
+        try:
+            async with self.limiter.slot(max_wait=self.max_wait):
+                ws = await self._session.ws_connect(
+                    URL(self.target.server + path_qs, encoded=True),
+                    protocols=protocols,
+                    headers=send_headers,
+                    max_msg_size=0,
+                    timeout=aiohttp.ClientWSTimeout(ws_close=10.0),
+                )
+        except aiohttp.WSServerHandshakeError as refused:
+            self._mark(True)
+            self.metrics.upstream_requests.labels("connect", str(refused.status)).inc()
+            raise
+        except UpstreamDown:
+            raise self._unavailable() from None
+        except (aiohttp.ClientError, OSError) as exc:
+            self._mark(False, describe(exc))
+            self.metrics.upstream_errors.labels("connect").inc()
+            raise self._unavailable() from None
+        self._mark(True)
+        self.metrics.upstream_requests.labels("connect", "101").inc()
+        return ws
+
     async def probe(self) -> bool:
         """One reachability check (used by the connectivity prober only)."""
         token = PROBING.set(True)

@@ -11,6 +11,8 @@ _VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "updat
 _SUB_VERBS = {
     "status": ["get", "patch", "update"],
     "log": ["get"],
+    "exec": ["create", "get"],
+    "attach": ["create", "get"],
     "scale": ["get", "patch", "update"],
 }
 _CATEGORIES = {"pods": ["all"], "services": ["all"], "deployments": ["all"]}

@@ -17,6 +17,7 @@ from .context import BASE_HEADERS, CUT, OpenStream, ServerContext
 from .errors import BadRequest, MethodNotAllowed, NotFound, UnsupportedMediaType
 from .listing import list_objects
 from .paths import ApiPath
+from .remote import exec_websocket
 from .resources import ResourceType
 from .selectors import FieldSelector, Filter, LabelSelector
 from .store import Obj, rfc3339
@@ -74,6 +75,10 @@ class ResourceHandlers:
             return await self.logs(request, path)
         if path.subresource == "scale":
             return await self.scale(request, path)
+        if path.subresource in ("exec", "attach"):
+            assert path.name is not None
+            self.ctx.store.get("pods", path.namespace, path.name)  # 404 for a missing pod
+            return await exec_websocket(request)
         if method == "GET":
             if _is_watch(request, path):
                 return await self.watch(request, path)

@@ -42,7 +42,7 @@ _ALL = (
         "v1",
         True,
         ("po",),
-        ("status", "log"),
+        ("status", "log", "exec", "attach"),
         field_labels=(
             "spec.nodeName",
             "spec.restartPolicy",
