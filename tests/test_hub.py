@@ -271,3 +271,37 @@ async def wait_for_clients(hub: Any, count: int, timeout: float = 10) -> None:
     from tests.harness import wait_for
 
     await wait_for(lambda: hub.active_clients == count, timeout=timeout, what=f"{count} clients")
+
+
+async def test_a_watch_event_bigger_than_aiohttps_line_limit_is_shared(tmp_path: Any) -> None:
+    """etcd allows 1.5 MiB objects; aiohttp's readline stops at 512 KiB."""
+    async with running_proxy(tmp_path) as running, aiohttp.ClientSession() as session:
+        url = running.url + "/api/v1/namespaces/default/configmaps?watch=1"
+        events: list[dict[str, Any]] = []
+
+        async def follow() -> None:
+            async with session.get(url) as response:
+                buffer = b""
+                async for chunk in response.content.iter_any():
+                    buffer += chunk
+                    while b"\n" in buffer:
+                        line, buffer = buffer.split(b"\n", 1)
+                        events.append(json.loads(line))
+                        return
+
+        task = asyncio.ensure_future(follow())
+        hub = running.proxy.hub
+        assert hub is not None
+        await wait_for_clients(hub, 1)
+        await wait_for_synced(hub)
+        big = {"metadata": {"name": "big"}, "data": {"blob": "y" * (1536 * 1024)}}
+        running.fake.store.create("configmaps", "default", big)
+        await asyncio.wait_for(task, 20)
+        assert events[0]["type"] == "ADDED"
+        assert len(events[0]["object"]["data"]["blob"]) == 1536 * 1024
+
+
+async def wait_for_synced(hub: Any) -> None:
+    from tests.harness import wait_for
+
+    await wait_for(lambda: all(w.cache.synced for w in hub.watches.values()), what="synced")

@@ -140,3 +140,10 @@ async def test_smuggling_and_traversal_attempts_are_refused_and_logged(
     assert any(m.startswith("refused a malformed request from 127.0.0.1") for m in messages)
     assert any(m.startswith("refused non-canonical path") for m in messages)
     assert all("\n" not in m for m in messages)  # one line each
+
+
+def test_aiohttp_runs_its_c_http_parser() -> None:
+    """The pure-Python fallback parser has had request-smuggling bugs the C parser has not."""
+    import aiohttp.http_parser
+
+    assert aiohttp.http_parser.HttpRequestParser.__module__ == "aiohttp._http_parser"
