@@ -305,3 +305,18 @@ async def wait_for_synced(hub: Any) -> None:
     from tests.harness import wait_for
 
     await wait_for(lambda: all(w.cache.synced for w in hub.watches.values()), what="synced")
+
+
+async def test_an_upstream_that_ends_watches_at_once_is_backed_off(tmp_path: Any) -> None:
+    # timeoutSeconds=0 upstream ends each watch the moment it starts, with no event.
+    overrides = {
+        "hub.upstream_watch_min_seconds": 0,
+        "hub.upstream_watch_max_seconds": 0,
+        "backoff.initial_seconds": 0.2,
+    }
+    async with running_proxy(tmp_path, overrides) as running, aiohttp.ClientSession() as session:
+        async with session.get(running.url + PODS + "?watch=1&timeoutSeconds=2") as response:
+            assert response.status == 200
+            await response.read()  # the client's own stream lasts its full 2 s
+        # 2 s of instant upstream endings: the backoff (0.2, 0.4, 0.8, ...) allows a handful.
+        assert watch_opens(running) <= 6, watch_opens(running)

@@ -34,6 +34,8 @@ from watchproxy.watchkey import WatchKey
 log = logging.getLogger("watchproxy.hub")
 
 LIST_PAGE_SIZE = 500
+# An upstream watch that ends cleanly this soon with nothing in it counts as a failure.
+QUICK_END_SECONDS = 1.0
 
 
 def _wake(waiter: asyncio.Future[None]) -> None:
@@ -217,8 +219,13 @@ class SharedWatch:
                         self.state = State.LISTING
                         await self._list()
                     self.state = State.WATCHING
-                    await self._watch()
-                    self.backoff.success()
+                    started = self.clock()
+                    lines = await self._watch()
+                    if lines == 0 and self.clock() - started < QUICK_END_SECONDS:
+                        # An upstream that ends watches at once must not pull us into a loop.
+                        await self._back_off("the upstream watch ended at once")
+                    else:
+                        self.backoff.success()
                 except Relist:
                     self.relists += 1
                     self.metrics.relists.inc()
@@ -341,7 +348,8 @@ class SharedWatch:
             # Wake subscribers even when nothing changed: a relist may have ended cursors.
             self._notify()
 
-    async def _watch(self) -> None:
+    async def _watch(self) -> int:
+        """One upstream watch from the cache's RV; returns the number of lines it carried."""
         lifetime = self.rng.uniform(
             self.hub_config.upstream_watch_min_seconds, self.hub_config.upstream_watch_max_seconds
         )
@@ -363,9 +371,11 @@ class SharedWatch:
                     response.status, body, response.headers.get("Content-Type", "")
                 )
             received = self.metrics.events_received.labels(self.key.resource_label)
+            lines = 0
             async for line in read_lines(response, self.upstream_config.max_event_bytes):
                 if not line.strip():
                     continue
+                lines += 1
                 event = json.loads(line)
                 kind = event.get("type")
                 obj = event.get("object") or {}
@@ -384,6 +394,7 @@ class SharedWatch:
                     self._notify()
                 # A watch that delivered events is healthy.
                 self.backoff.success()
+            return lines
         finally:
             response.close()
 
