@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import gc
+import logging
 from collections.abc import Callable
 from typing import Any
 
 import aiohttp
+
+log = logging.getLogger("watchproxy.connector")
 
 # Set by the connectivity probe: its dial is the one allowed while the upstream is down.
 PROBING: contextvars.ContextVar[bool] = contextvars.ContextVar("watchproxy_probing", default=False)
@@ -39,16 +43,34 @@ class SerialConnector(aiohttp.TCPConnector):
         self._on_dial = on_dial
         self._is_down = is_down
         self._on_failure = on_failure
-        self._dial = asyncio.Lock()
+        self._dialing = asyncio.Lock()
 
     async def _create_connection(self, req: Any, traces: Any, timeout: Any) -> Any:
-        async with self._dial:
+        async with self._dialing:
             if self._is_down() and not PROBING.get():
                 raise UpstreamDown("the apiserver is unreachable")
             self._on_dial()
             try:
-                return await super()._create_connection(req, traces, timeout)
+                return await self._dial(req, traces, timeout)
             except (OSError, aiohttp.ClientError, TimeoutError) as error:
                 # Record it before the next dial may start (still holding the lock).
                 self._on_failure(error)
                 raise
+
+    async def _dial(self, req: Any, traces: Any, timeout: Any) -> Any:
+        try:
+            return await super()._create_connection(req, traces, timeout)
+        except RuntimeError as error:
+            if "is used by transport" not in str(error):
+                raise
+            # uvloop (MagicStack/uvloop#653) can keep a dead transport registered for a file
+            # descriptor the OS has already reused; it is forgotten once collected. Collect,
+            # try once more, and otherwise report an ordinary connection failure.
+            log.warning("uvloop kept a stale transport for a reused socket; collecting it")
+            gc.collect()
+            try:
+                return await super()._create_connection(req, traces, timeout)
+            except RuntimeError as again:
+                raise aiohttp.ClientConnectionError(
+                    f"event loop refused the socket: {again}"
+                ) from None

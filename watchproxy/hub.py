@@ -171,13 +171,16 @@ class Hub:
             response.content_type = "application/json"
             response.enable_chunked_encoding()
             response.headers["Cache-Control"] = "no-cache, private"
-            await response.prepare(request)
-            if plan.expired:
-                self.metrics.expired.inc()
-                self.metrics.events_sent.labels(key.resource_label).inc()
-                await response.write(shared.cache.expired_line(query.resource_version or ""))
-                await response.write_eof()
-                return response
+            try:
+                await response.prepare(request)
+                if plan.expired:
+                    self.metrics.expired.inc()
+                    self.metrics.events_sent.labels(key.resource_label).inc()
+                    await response.write(shared.cache.expired_line(query.resource_version or ""))
+                    await response.write_eof()
+                    return response
+            except ConnectionError:
+                return response  # the client left while its watch was being set up
             if query.resource_version not in (None, "", "0") and not query.send_initial_events:
                 self.metrics.replays.inc()
             subscriber = Subscriber(

@@ -239,11 +239,13 @@ class SharedWatch:
                     await self._back_off(error.message)
                 except (aiohttp.ClientError, TimeoutError, LineTooLong, ValueError) as error:
                     await self._back_off(f"{type(error).__name__}: {error}")
+                except Exception as error:
+                    # Not a failure we know: keep the subscribers' streams and the state, log
+                    # it with its traceback, and retry on the same backoff schedule.
+                    log.exception("shared watch %s: unexpected error", self.key.collection_path)
+                    await self._back_off(f"unexpected {type(error).__name__}")
         except asyncio.CancelledError:
             raise
-        except Exception:  # pragma: no cover - a bug; end the subscribers rather than hang them
-            log.exception("shared watch %s failed", self.key.collection_path)
-            self._fail(UpstreamRefused(500, b"", "application/json"))
 
     def _fail(self, refused: UpstreamRefused) -> None:
         self.failure = refused
