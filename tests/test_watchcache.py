@@ -370,8 +370,10 @@ def test_latest_relist_deletes_outlive_max_age_until_something_newer_arrives() -
     clock.now += 100
     assert cache.evict_expired() == 0
     assert not cache.plan("20").expired  # idle clients at 20 can still resume
-    cache.apply(ADDED, pod("c", 21))
-    assert cache.history_len() == 1 and cache.plan("20").expired
+    added = cache.apply(ADDED, pod("c", 21))
+    assert added is not None and cache.history_len() == 1
+    assert cache.plan("20").next_seq == added.seq  # a client at 20 has seen the relist
+    assert cache.plan("19").expired  # ...but one before it would miss the evicted DELETEs
     assert cache.plan("21").next_seq == cache.next_seq
 
 
@@ -436,23 +438,25 @@ def test_upstream_events_covered_by_a_relist_are_ignored() -> None:
     assert cache.apply(ADDED, pod("f", 21)) is not None
 
 
-def test_resume_at_a_relist_delete_rv_replays_all_its_deletes() -> None:
+def test_resume_at_a_relist_delete_rv_gets_only_what_came_after() -> None:
     cache, events = relisted_cache()
-    plan = cache.plan("20")  # the client may have seen only DELETE c
-    assert plan.next_seq == events[2].seq
-    assert cache.plan("11").next_seq == events[0].seq
-    cache.apply(ADDED, pod("f", 21))
-    assert cache.plan("20").next_seq == events[2].seq
+    assert cache.plan("20").next_seq == cache.next_seq  # "only events after 20": no repeats
+    assert cache.plan("11").next_seq == events[0].seq  # from before the relist: all of it
+    added = cache.apply(ADDED, pod("f", 21))
+    assert added is not None
+    assert cache.plan("20").next_seq == added.seq
     assert cache.plan("21").next_seq == cache.next_seq
 
 
-def test_evicting_a_relist_delete_makes_its_rv_unresumable() -> None:
+def test_evicting_a_relist_delete_makes_rvs_before_it_unresumable() -> None:
     cache = make_cache(capacity=3)
     cache.replace([pod("a", 5), pod("b", 6), pod("c", 7)], "10")
     cache.replace([], "20")  # three DELETEs at 20
-    cache.apply(ADDED, pod("x", 21))  # evicts DELETE a
-    assert cache.oldest_resumable_rv == 21
-    assert cache.plan("20").expired
+    added = cache.apply(ADDED, pod("x", 21))  # evicts DELETE a
+    assert added is not None
+    assert cache.oldest_resumable_rv == 20
+    assert cache.plan("19").expired
+    assert cache.plan("20").next_seq == added.seq
     assert cache.plan("21").next_seq == cache.next_seq
 
 
@@ -701,16 +705,9 @@ def test_every_subscriber_reaches_the_current_state(data: st.DataObject) -> None
         previous = floor
         for event in delivered:
             assert event.rv >= previous  # never back in time
+            assert event.rv > floor  # "only events after N": nothing at or before it again
             previous = event.rv
-            if event.rv == floor:
-                # only the DELETEs of a relist share an RV; replaying them is a no-op
-                assert event.relist and event.type == DELETED
-                assert (
-                    sub.after_seq is None
-                    or event.seq > sub.after_seq
-                    or (event.key not in sub.state)
-                )
-            elif sub.after_seq is not None:
+            if sub.after_seq is not None:
                 assert event.seq > sub.after_seq  # never an event it already had
         seqs = [e.seq for e in delivered]
         assert len(seqs) == len(set(seqs))

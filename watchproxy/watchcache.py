@@ -16,11 +16,12 @@ own RV, then DELETED for objects that are gone, last, each carrying the last kno
 ``metadata.resourceVersion`` set to the LIST's RV. The real deletion RV is unknown; the list RV
 is the first RV at which the object is known to be gone, and putting the DELETEs last at that
 RV keeps every client's RVs from going backwards. Unchanged objects produce nothing. These
-DELETEs share one RV, so a client resuming at exactly that RV may have seen only some of them:
-:meth:`WatchCache.plan` replays all of them to it (a DELETE of an object the client no longer
-has is a no-op for client-go's informers, while a missed one would leave a ghost object), and
-once any of them is evicted that RV is no longer resumable. Upstream events at or below the
-cache RV (the relist covered them, or a reconnect repeated them) are ignored.
+DELETEs share one RV; a client resuming at exactly that RV gets only events after it, as the
+contract says ("RV N: only events after N, never a repeat"). A subscriber's stream never ends
+inside such a group: it writes every pending event in one batch before it checks its
+deadline, so only a client that dies mid-write can resume having seen part of the group.
+Upstream events at or below the cache RV (the relist covered them, or a reconnect repeated
+them) are ignored.
 
 A relist from cache RV ``R`` to list RV ``L`` is a gap in the history: a client whose state is
 at an RV strictly between them (from its own LIST, or from the middle of the diff) may hold an
@@ -315,13 +316,6 @@ class WatchCache:
             return StartPlan(initial=[], next_seq=self._next_seq, min_rv=wanted)
         events = self._events
         at = bisect.bisect_right(events, wanted, lo=self._head, key=lambda e: e.rv)
-        while (
-            at > self._head
-            and events[at - 1].rv == wanted
-            and events[at - 1].relist
-            and events[at - 1].type == DELETED
-        ):
-            at -= 1  # the client may have seen only some of the DELETEs at its RV
         return StartPlan(
             initial=[], next_seq=events[at].seq if at < len(events) else self._next_seq
         )
@@ -420,11 +414,9 @@ class WatchCache:
             head += 1
             evicted += 1
             self._bytes -= len(gone.line)
-            # A client at gone.rv has seen gone; at a relist DELETE's RV it may not have
-            # seen its siblings, so that RV stops being resumable.
-            floor = gone.rv + 1 if gone.relist and gone.type == DELETED else gone.rv
-            if self._oldest_resumable is None or floor > self._oldest_resumable:
-                self._oldest_resumable = floor
+            # A client at gone.rv has seen gone (and everything else at that RV).
+            if self._oldest_resumable is None or gone.rv > self._oldest_resumable:
+                self._oldest_resumable = gone.rv
         self._head = head
         self._compact()
         if evicted and self._gaps:
