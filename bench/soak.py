@@ -186,7 +186,6 @@ class Client:
             last = start or 0  # highest RV given (events and bookmarks)
             exact_from = start
             top = 0  # highest event RV (order check)
-            prev_type = ""
             async for raw in response.content:
                 if not raw.strip():
                     continue
@@ -224,7 +223,11 @@ class Client:
                     initial_names.add(name)
                 else:
                     initial = False
-                    same_rv_delete = rv == top and kind == "DELETED" and prev_type == "DELETED"
+                    # A relist's DELETEs carry the list's RV, which may equal the RV of the
+                    # newest object it modified (or of its other DELETEs).
+                    same_rv_delete = (
+                        rv == top and kind == "DELETED" and self.truth.touches_relist(rv, rv)
+                    )
                     if rv <= top and not same_rv_delete:
                         self.stats.violation(
                             f"client {self.n} {self.selector!r}: {kind} {name} rv {rv} after {top}"
@@ -232,7 +235,6 @@ class Client:
                     top = max(top, rv)
                     if exact_from is not None:
                         live.append((kind, name, rv))
-                prev_type = kind
                 if kind == "DELETED":
                     self.state.pop(name, None)
                 else:
