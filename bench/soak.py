@@ -186,6 +186,7 @@ class Client:
             last = start or 0  # highest RV given (events and bookmarks)
             exact_from = start
             top = 0  # highest event RV (order check)
+            deleted_at_top: set[str] = set()
             async for raw in response.content:
                 if not raw.strip():
                     continue
@@ -224,10 +225,13 @@ class Client:
                 else:
                     initial = False
                     # A relist's DELETEs carry the list's RV, which may equal the RV of the
-                    # newest object it modified (or of its other DELETEs).
-                    same_rv_delete = (
-                        rv == top and kind == "DELETED" and self.truth.touches_relist(rv, rv)
-                    )
+                    # newest object it modified and of its other DELETEs; the same object
+                    # deleted twice at one RV would still be a repeat.
+                    same_rv_delete = rv == top and kind == "DELETED" and name not in deleted_at_top
+                    if rv > top:
+                        deleted_at_top = set()
+                    if kind == "DELETED":
+                        deleted_at_top.add(name)
                     if rv <= top and not same_rv_delete:
                         self.stats.violation(
                             f"client {self.n} {self.selector!r}: {kind} {name} rv {rv} after {top}"
