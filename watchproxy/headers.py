@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from multidict import CIMultiDict, CIMultiDictProxy
 
 # RFC 9110 hop-by-hop headers, plus the ones aiohttp recomputes for the new message.
@@ -75,9 +73,14 @@ def response_headers(
     return out
 
 
-def copy_named(source: CIMultiDictProxy[str], names: Iterable[str]) -> CIMultiDict[str]:
-    out: CIMultiDict[str] = CIMultiDict()
-    for name in names:
-        for value in source.getall(name, []):
-            out.add(name, value)
-    return out
+def forwarded_credential(
+    headers: CIMultiDictProxy[str] | CIMultiDict[str], forward_identity: bool
+) -> str | None:
+    """The credential a request carries upstream in forward mode, None in the default mode.
+
+    Forward mode passes the client's own ``Authorization``, or "" when it sent none (the
+    request then goes upstream anonymous) — never the proxy's own credential.
+    """
+    if not forward_identity:
+        return None
+    return headers.get("Authorization", "")

@@ -21,7 +21,8 @@ from watchproxy.apipath import ApiPath
 from watchproxy.backoff import BackoffPolicy
 from watchproxy.config import HubConfig, UpstreamConfig
 from watchproxy.connectivity import Connectivity
-from watchproxy.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
+from watchproxy.errors import TooManyRequests, UpstreamTimeout, UpstreamUnavailable
+from watchproxy.headers import forwarded_credential
 from watchproxy.metrics import Metrics
 from watchproxy.representation import Representation, encode_json
 from watchproxy.sharedwatch import SharedWatch, UpstreamRefused
@@ -37,11 +38,6 @@ log = logging.getLogger("watchproxy.hub")
 INITIAL_SYNC_TIMEOUT = 30.0
 # How long a client's too-new resourceVersion may wait for the cache (as the apiserver: 3 s).
 TOO_LARGE_RV_WAIT = 3.0
-
-
-class TooManyWatches(ProxyError):
-    code = 429
-    reason = "TooManyRequests"
 
 
 class Hub:
@@ -126,8 +122,7 @@ class Hub:
         self, request: web.Request, api_path: ApiPath, query: WatchQuery
     ) -> tuple[str | None, tuple[WatchKey, Representation] | Unservable]:
         """The credential the request runs as (forward mode only) and its watch key."""
-        # Forward mode: the client's own credential, or none at all — never the proxy's.
-        auth = request.headers.get("Authorization", "") if self.forward_identity else None
+        auth = forwarded_credential(request.headers, self.forward_identity)
         found = watch_key(
             api_path,
             query,
@@ -145,7 +140,7 @@ class Hub:
             return None
         key, representation = found
         if self.active_clients >= self.max_watches:
-            raise TooManyWatches(
+            raise TooManyRequests(
                 f"watchproxy serves at most {self.max_watches} watches", retry_after=5
             )
         shared = self.watches.get(key)

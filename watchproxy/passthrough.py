@@ -9,7 +9,7 @@ import aiohttp
 from aiohttp import web
 
 from watchproxy.errors import PayloadTooLarge
-from watchproxy.headers import request_headers, response_headers
+from watchproxy.headers import forwarded_credential, request_headers, response_headers
 from watchproxy.upstream import Upstream
 
 log = logging.getLogger("watchproxy.passthrough")
@@ -50,9 +50,7 @@ class Forwarder:
     ) -> web.StreamResponse:
         body = await read_body(request, self.max_body_bytes)
         headers = request_headers(request.headers, forward_identity=self.forward_identity)
-        forwarded_auth = None
-        if self.forward_identity:
-            forwarded_auth = request.headers.get("Authorization", "")
+        forwarded_auth = forwarded_credential(request.headers, self.forward_identity)
         # raw_path is exactly what was checked by the path parser: forward those bytes.
         upstream_response = await self.upstream.open(
             request.method,

@@ -5,6 +5,7 @@ Every error is turned into a Kubernetes ``Status`` response here, at the edge.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -14,7 +15,7 @@ from aiohttp import web
 
 from watchproxy.access import AccessPolicy, HostNotAllowed, host_allowed
 from watchproxy.apipath import ApiPath, parse_api_path
-from watchproxy.errors import BadRequest, ProxyError, TooManyRequests, status_bytes
+from watchproxy.errors import BadRequest, ProxyError, TooManyRequests
 from watchproxy.listener import ConnectionGuard
 from watchproxy.metrics import Metrics
 from watchproxy.passthrough import Forwarder
@@ -40,19 +41,11 @@ class WatchServer(Protocol):
 
 def status_response(error: ProxyError) -> web.Response:
     response = web.Response(
-        status=error.code,
-        body=status_bytes(error.code, error.reason, error.message, **_details(error)),
-        content_type="application/json",
+        status=error.code, body=json.dumps(error.status()).encode(), content_type="application/json"
     )
     if error.retry_after is not None:
         response.headers["Retry-After"] = str(max(1, round(error.retry_after)))
     return response
-
-
-def _details(error: ProxyError) -> dict[str, int]:
-    if error.retry_after is None:
-        return {}
-    return {"retryAfterSeconds": max(1, round(error.retry_after))}
 
 
 def verb_of(method: str, api_path: ApiPath, watch: bool) -> str:
@@ -70,7 +63,7 @@ def verb_of(method: str, api_path: ApiPath, watch: bool) -> str:
     return {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(method, method.lower())
 
 
-def is_streaming(verb: str, api_path: ApiPath, query: WatchQuery | None, raw_query: str) -> bool:
+def is_streaming(verb: str, api_path: ApiPath, raw_query: str) -> bool:
     if verb == "watch":
         return True
     return api_path.subresource == "log" and "follow=true" in raw_query
@@ -166,7 +159,7 @@ class ApiHandler:
             served = await self.hub.serve(request, api_path, query)
             if served is not None:
                 return verb, served
-        streaming = is_streaming(verb, api_path, query, raw_query)
+        streaming = is_streaming(verb, api_path, raw_query)
         gauge = self.metrics.in_flight.labels("stream") if streaming else None
         if gauge is not None:
             gauge.inc()

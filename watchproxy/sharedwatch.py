@@ -256,7 +256,6 @@ class SharedWatch:
             self.on_idle(self)
 
     async def _back_off(self, why: str) -> None:
-        self.metrics.backoff_delay.set(max(self.backoff.current_delay, 0))
         if self.connectivity.down:
             # The apiserver is unreachable: the one connectivity prober does the retrying.
             self.state = State.WAITING_FOR_UPSTREAM

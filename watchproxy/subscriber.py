@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -69,16 +69,19 @@ class Subscriber:
         if transport is not None:
             transport.abort()  # wakes the blocked write with a connection error
 
-    async def _write(self, data: bytes, events: int) -> None:
+    async def _bounded(self, write: Awaitable[None]) -> None:
         # A timer, not wait_for: cancelling aiohttp's drain does not reliably end it, while
         # aborting the transport does — and a timer costs no task per write.
         timer = asyncio.get_running_loop().call_later(
             self.options.write_timeout, self._abort_stalled
         )
         try:
-            await self.response.write(data)
+            await write
         finally:
             timer.cancel()
+
+    async def _write(self, data: bytes, events: int) -> None:
+        await self._bounded(self.response.write(data))
         self._sent.inc(events)
         self._bytes.inc(len(data))
 
@@ -139,13 +142,7 @@ class Subscriber:
             if self.options.bookmarks and self.ended_because == "deadline":
                 await self._bookmark(min_rv)
             # A stalled client cannot even take the end of the stream: bounded like a write.
-            timer = asyncio.get_running_loop().call_later(
-                self.options.write_timeout, self._abort_stalled
-            )
-            try:
-                await self.response.write_eof()
-            finally:
-                timer.cancel()
+            await self._bounded(self.response.write_eof())
         except (ConnectionError, RuntimeError):
             # The client went away or stopped reading: its stream is over, nobody else waits.
             self.ended_because = self.ended_because or "client gone"

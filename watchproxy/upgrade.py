@@ -17,7 +17,7 @@ import aiohttp
 from aiohttp import web
 
 from watchproxy.errors import BadRequest, ProxyError
-from watchproxy.headers import request_headers
+from watchproxy.headers import forwarded_credential, request_headers
 from watchproxy.upstream import Upstream
 
 log = logging.getLogger("watchproxy.upgrade")
@@ -82,7 +82,7 @@ class WebSocketRelay:
         headers = request_headers(request.headers, forward_identity=self.forward_identity)
         for name in WEBSOCKET_HEADERS:
             headers.popall(name, None)
-        forwarded_auth = request.headers.get("Authorization", "") if self.forward_identity else None
+        forwarded_auth = forwarded_credential(request.headers, self.forward_identity)
         try:
             upstream_ws = await self.upstream.websocket(
                 request.raw_path,

@@ -8,7 +8,6 @@ that follows, and keeps the up/down state that ``/readyz`` and the metrics repor
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -77,6 +76,19 @@ class Upstream:
             self._session = None
         self.target.close()
 
+    def _with_credential(
+        self,
+        headers: Mapping[str, str] | CIMultiDict[str] | None,
+        forwarded_auth: str | None,
+    ) -> CIMultiDict[str]:
+        """The request headers plus the credential: the proxy's own, or in forward mode the
+        client's ("" = the client sent none, so the request goes anonymous)."""
+        send_headers: CIMultiDict[str] = CIMultiDict(headers or {})
+        auth = self.target.auth_header() if forwarded_auth is None else forwarded_auth or None
+        if auth is not None:
+            send_headers["Authorization"] = auth
+        return send_headers
+
     def _retry_after(self) -> float:
         return self.connectivity.retry_after() if self.connectivity is not None else 1.0
 
@@ -127,11 +139,7 @@ class Upstream:
         )
         url = self.target.server + path_qs
         for attempt in range(2):
-            send_headers: CIMultiDict[str] = CIMultiDict(headers or {})
-            # Forward mode passes the client's credential ("" = the client sent none: anonymous).
-            auth = self.target.auth_header() if forwarded_auth is None else forwarded_auth or None
-            if auth is not None:
-                send_headers["Authorization"] = auth
+            send_headers = self._with_credential(headers, forwarded_auth)
             queued = self._clock()
             try:
                 async with self.limiter.slot(max_wait=self.max_wait if not wait else None):
@@ -199,10 +207,7 @@ class Upstream:
         assert self._session is not None, "Upstream.start() was not called"
         if self.connectivity is not None and self.connectivity.down:
             raise self._unavailable()
-        send_headers: CIMultiDict[str] = CIMultiDict(headers)
-        auth = self.target.auth_header() if forwarded_auth is None else forwarded_auth or None
-        if auth is not None:
-            send_headers["Authorization"] = auth
+        send_headers = self._with_credential(headers, forwarded_auth)
         try:
             async with self.limiter.slot(max_wait=self.max_wait):
                 ws = await self._session.ws_connect(
@@ -285,11 +290,3 @@ class LineTooLong(Exception):
 
     def __init__(self, size: int) -> None:
         super().__init__(f"watch event line of {size} bytes exceeds the limit")
-
-
-@contextlib.asynccontextmanager
-async def released(response: aiohttp.ClientResponse) -> AsyncIterator[aiohttp.ClientResponse]:
-    try:
-        yield response
-    finally:
-        response.release()
