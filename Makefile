@@ -5,8 +5,8 @@ test:            ## lint, type-check and run the test suite (what CI runs)
 	scripts/test.sh
 
 lint:
-	.venv/bin/ruff check watchproxy tests bench
-	.venv/bin/ruff format --check watchproxy tests bench
+	.venv/bin/ruff check watchproxy kubefake tests bench
+	.venv/bin/ruff format --check watchproxy kubefake tests bench
 	.venv/bin/mypy
 
 demo:            ## the proxy in front of an embedded fake apiserver

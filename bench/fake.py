@@ -24,7 +24,7 @@ import time
 from typing import Any
 
 from bench.roles import NAMESPACE, RESOURCE, STAMP_KEY, emit, run, serve_commands
-from watchproxy.fakeapi import FakeApiServer
+from kubefake import FakeApiServer
 
 
 class Generator:

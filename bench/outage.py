@@ -26,7 +26,7 @@ from typing import Any
 
 import aiohttp
 
-from watchproxy.fakeapi import FakeApiServer
+from kubefake import FakeApiServer
 
 PODS = "/api/v1/namespaces/default/pods"
 

@@ -15,7 +15,7 @@ import time
 from bench.roles import emit, install_uvloop, serve_commands
 from watchproxy.app import Proxy
 from watchproxy.config import build_config
-from watchproxy.credentials import from_kubeconfig
+from watchproxy.kube.credentials import from_kubeconfig
 from watchproxy.logs import setup_logging
 
 

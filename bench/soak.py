@@ -37,8 +37,8 @@ from typing import Any
 
 import aiohttp
 
-from watchproxy.fakeapi import Change, FakeApiServer
-from watchproxy.selectors import LabelSelector, parse_label_selector
+from kubefake import Change, FakeApiServer
+from watchproxy.kube.selectors import LabelSelector, parse_label_selector
 
 PODS = "/api/v1/namespaces/default/pods"
 SELECTORS = ["", "app=a", "app!=b", "tier=x", "app in (a,c)", "app=b,tier=y"]

@@ -2,4 +2,4 @@
 # Install watchproxy into .venv and run it in front of an embedded fake apiserver.
 set -euo pipefail
 EXTRAS=demo source "$(dirname "$0")/venv.sh"
-exec .venv/bin/watchproxy demo "$@"
+exec .venv/bin/watchproxy-demo "$@"

@@ -1,4 +1,10 @@
-"""Shared fixtures: a fake apiserver per test, started and stopped around it."""
+"""Shared fixtures (a fake apiserver per test, started and stopped around it) and tier markers.
+
+Tiers are folders: ``unit`` (pure, milliseconds), ``component`` (one real proxy and fake on
+loopback), ``e2e`` (real clients: kubectl, the Python clients, Go/Rust/Node programs),
+``fakeapi`` (the fake apiserver itself), ``deploy`` (manifests, image, packaging). Each folder's
+tests carry the marker of the same name, so ``pytest -m unit`` runs one tier.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +14,16 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 import uvloop
 
-from watchproxy.fakeapi import FakeApiServer
+from kubefake import FakeApiServer
+
+TIERS = ("unit", "component", "e2e", "fakeapi", "deploy")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        tier = item.path.parent.name
+        if tier in TIERS:
+            item.add_marker(getattr(pytest.mark, tier))
 
 
 def pytest_asyncio_loop_factories() -> dict[str, Callable[[], asyncio.AbstractEventLoop]]:

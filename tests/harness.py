@@ -14,11 +14,11 @@ from typing import Any
 
 import aiohttp
 
+from kubefake import FakeApiServer
 from watchproxy.app import Proxy
 from watchproxy.config import Config, build_config
-from watchproxy.credentials import from_kubeconfig
-from watchproxy.fakeapi import FakeApiServer
-from watchproxy.kubeconfig import render_kubeconfig
+from watchproxy.kube.credentials import from_kubeconfig
+from watchproxy.kube.kubeconfig import render_kubeconfig
 
 KUBECTL = "kubectl"
 

@@ -12,20 +12,20 @@ from typing import Any
 
 from aiohttp import web
 
-from watchproxy.access import AccessPolicy
-from watchproxy.admin import build_admin_app
-from watchproxy.backoff import BackoffPolicy
 from watchproxy.config import Config
-from watchproxy.connectivity import Connectivity
-from watchproxy.credentials import UpstreamTarget
-from watchproxy.hub import Hub
-from watchproxy.listener import ConnectionGuard, status_server_factory
+from watchproxy.hub.multiplexer import Hub
+from watchproxy.kube.credentials import UpstreamTarget
 from watchproxy.metrics import Metrics
-from watchproxy.passthrough import Forwarder
-from watchproxy.ratelimit import ClientRateLimiter, UpstreamLimiter
-from watchproxy.server import ApiHandler, build_api_app
-from watchproxy.upgrade import WebSocketRelay
-from watchproxy.upstream import Upstream
+from watchproxy.policy.access import AccessPolicy
+from watchproxy.policy.backoff import BackoffPolicy
+from watchproxy.policy.ratelimit import ClientRateLimiter, UpstreamLimiter
+from watchproxy.server.admin import build_admin_app
+from watchproxy.server.api import ApiHandler, build_api_app
+from watchproxy.server.listener import ConnectionGuard, status_server_factory
+from watchproxy.server.passthrough import Forwarder
+from watchproxy.server.upgrade import WebSocketRelay
+from watchproxy.upstream.client import Upstream
+from watchproxy.upstream.connectivity import Connectivity
 
 log = logging.getLogger("watchproxy")
 

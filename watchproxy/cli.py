@@ -1,4 +1,7 @@
-"""Command line: ``watchproxy [run]``, ``watchproxy demo``, ``watchproxy kubeconfig``."""
+"""Command line: ``watchproxy [run]``, ``watchproxy kubeconfig``.
+
+The demo (``watchproxy-demo``) lives with the fake apiserver in ``kubefake.demo`` and reuses the
+config flags and loop set-up from here; the product never imports the fake."""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ from collections.abc import Mapping, Sequence
 
 from watchproxy import __version__
 from watchproxy.config import Config, ConfigError, build_config, load_file
-from watchproxy.credentials import CredentialsError, resolve_target
+from watchproxy.kube.credentials import CredentialsError, resolve_target
 from watchproxy.logs import setup_logging
 
 # Flags with a config key of their own; anything else goes through --set section.key=value.
@@ -26,7 +29,7 @@ FLAG_KEYS = {
 }
 
 
-def _add_config_flags(parser: argparse.ArgumentParser) -> None:
+def add_config_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="YAML config file (default: $WATCHPROXY_CONFIG)")
     parser.add_argument("--listen-host", help="API listen address (listen.host)")
     parser.add_argument("--listen-port", help="API port (listen.port)")
@@ -52,12 +55,7 @@ def parser() -> argparse.ArgumentParser:
     top.add_argument("--version", action="version", version=f"watchproxy {__version__}")
     sub = top.add_subparsers(dest="command")
     run = sub.add_parser("run", help="run the proxy (the default command)")
-    _add_config_flags(run)
-    demo = sub.add_parser(
-        "demo", help="run the proxy in front of an embedded fake apiserver with churning pods"
-    )
-    _add_config_flags(demo)
-    demo.add_argument("--rate", type=float, default=5.0, help="pod events per second")
+    add_config_flags(run)
     kubeconfig = sub.add_parser("kubeconfig", help="print a kubeconfig pointing at the proxy")
     kubeconfig.add_argument("--server", default=None, help="default: http://127.0.0.1:<port>")
     kubeconfig.add_argument("--listen-port", type=int, default=None)
@@ -82,7 +80,7 @@ def load_config(args: argparse.Namespace, env: Mapping[str, str]) -> Config:
     return build_config(data, file_name=path or "config", env=env, overrides=overrides)
 
 
-def _install_loop() -> None:
+def install_loop() -> None:
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency; tolerate odd platforms
@@ -90,7 +88,7 @@ def _install_loop() -> None:
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
-async def _wait_for_signal() -> None:
+async def wait_for_signal() -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -111,7 +109,7 @@ async def run_proxy(config: Config, env: Mapping[str, str]) -> None:
     proxy = Proxy(config, target)
     await proxy.start()
     try:
-        await _wait_for_signal()
+        await wait_for_signal()
     finally:
         await proxy.stop()
 
@@ -123,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     env = dict(os.environ)
     if args.command == "kubeconfig":
-        from watchproxy.kubeconfig import render_kubeconfig
+        from watchproxy.kube.kubeconfig import render_kubeconfig
 
         server = args.server or f"http://127.0.0.1:{args.listen_port or 8001}"
         sys.stdout.write(
@@ -136,14 +134,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"watchproxy: {error}", file=sys.stderr)
         return 2
     setup_logging(config.logging.level, as_json=config.logging.json)
-    _install_loop()
+    install_loop()
     try:
-        if args.command == "demo":
-            from watchproxy.demo import run_demo
-
-            asyncio.run(run_demo(config, rate=args.rate, wait=_wait_for_signal))
-        else:
-            asyncio.run(run_proxy(config, env))
+        asyncio.run(run_proxy(config, env))
     except CredentialsError as error:
         print(f"watchproxy: {error}", file=sys.stderr)
         return 2

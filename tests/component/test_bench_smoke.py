@@ -1,0 +1,54 @@
+"""The fan-out benchmark still runs end to end and every client gets every event once, in order.
+
+Not a timed test: it asserts completion and zero loss, never a throughput or a latency.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_fanout_benchmark_runs_and_loses_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "fanout.json"
+    command = [sys.executable, "-m", "bench.fanout", "--quick", "--subscribers", "1,5"]
+    command += ["--events", "50", "--rate", "200", "--json", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=90, check=False
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    cells = json.loads(out.read_text())["cells"]
+    assert {(c["phase"], c["subscribers"], c["mode"]) for c in cells} == {
+        (phase, count, mode)
+        for phase in ("paced", "max")
+        for count in (1, 5)
+        for mode in ("direct", "proxy", "ceiling")
+    }
+    for cell in cells:
+        assert cell["faults"] == 0 and not cell["errors"], cell
+        expected = cell["events"] * cell["subscribers"]
+        assert cell["delivered"] == expected, cell
+    by_mode = {(c["phase"], c["subscribers"], c["mode"]): c for c in cells}
+    # One upstream watch however many clients, for the proxy and the ceiling; N when direct.
+    assert by_mode[("max", 5, "proxy")]["upstream_watches"] == 1
+    assert by_mode[("max", 5, "ceiling")]["upstream_watches"] == 1
+    assert by_mode[("max", 5, "direct")]["upstream_watches"] == 5
+
+
+def test_outage_comparison_runs_and_loses_nothing() -> None:
+    command = [sys.executable, "-m", "bench.outage", "--outage", "2", "--clients", "10"]
+    command += ["--only", "watchproxy"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    [result] = json.loads(done.stdout[: done.stdout.index("]") + 1])
+    assert result["every_watcher_got_every_event_once_in_order"]
+    assert result["watch_reconnects"] == 0  # streams stayed open through the outage

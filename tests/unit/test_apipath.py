@@ -1,0 +1,282 @@
+"""API path checking: canonical paths are classified, anything ambiguous is a 400."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+from watchproxy.errors import BadRequest
+from watchproxy.kube.apipath import ApiPath, parse_api_path
+
+VALID: list[tuple[str, dict[str, Any]]] = [
+    ("/", {"kind": "other"}),
+    ("/version", {"kind": "other"}),
+    ("/healthz", {"kind": "other"}),
+    ("/openapi/v2", {"kind": "other"}),
+    ("/openapi/v3/apis/apps/v1", {"kind": "other"}),
+    ("/.well-known/openid-configuration", {"kind": "other"}),
+    ("/api", {"kind": "discovery"}),
+    ("/api/v1", {"kind": "discovery", "version": "v1"}),
+    ("/apis", {"kind": "discovery"}),
+    ("/apis/apps", {"kind": "discovery", "group": "apps"}),
+    ("/apis/apps/v1", {"kind": "discovery", "group": "apps", "version": "v1"}),
+    (
+        "/apis/rbac.authorization.k8s.io/v1",
+        {"kind": "discovery", "group": "rbac.authorization.k8s.io", "version": "v1"},
+    ),
+    ("/api/v1/pods", {"kind": "core", "version": "v1", "resource": "pods"}),
+    ("/api/v1/nodes/n1", {"kind": "core", "version": "v1", "resource": "nodes", "name": "n1"}),
+    (
+        "/api/v1/nodes/n1/status",
+        {"resource": "nodes", "name": "n1", "subresource": "status"},
+    ),
+    ("/api/v1/namespaces", {"kind": "core", "resource": "namespaces", "namespace": None}),
+    ("/api/v1/namespaces/foo", {"resource": "namespaces", "name": "foo", "namespace": None}),
+    (
+        "/api/v1/namespaces/foo/status",
+        {"resource": "namespaces", "name": "foo", "subresource": "status", "namespace": None},
+    ),
+    (
+        "/api/v1/namespaces/foo/finalize",
+        {"resource": "namespaces", "name": "foo", "subresource": "finalize"},
+    ),
+    ("/api/v1/namespaces/foo/pods", {"namespace": "foo", "resource": "pods", "name": None}),
+    (
+        "/api/v1/namespaces/foo/pods/bar",
+        {"namespace": "foo", "resource": "pods", "name": "bar"},
+    ),
+    (
+        "/api/v1/namespaces/foo/pods/bar/log",
+        {"namespace": "foo", "resource": "pods", "name": "bar", "subresource": "log"},
+    ),
+    (
+        "/api/v1/namespaces/default/configmaps/kube-root-ca.crt",
+        {"namespace": "default", "resource": "configmaps", "name": "kube-root-ca.crt"},
+    ),
+    (
+        "/api/v1/namespaces/foo/services/https:web:8443/proxy/",
+        {"name": "https:web:8443", "subresource": "proxy", "tail": ("",)},
+    ),
+    (
+        "/api/v1/namespaces/foo/pods/p:8080/proxy/metrics/x",
+        {"name": "p:8080", "subresource": "proxy", "tail": ("metrics", "x")},
+    ),
+    (
+        "/apis/apps/v1/deployments",
+        {"kind": "group", "group": "apps", "version": "v1", "resource": "deployments"},
+    ),
+    (
+        "/apis/apps/v1/namespaces/ns/deployments/web/scale",
+        {
+            "kind": "group",
+            "namespace": "ns",
+            "resource": "deployments",
+            "name": "web",
+            "subresource": "scale",
+        },
+    ),
+    (
+        "/apis/rbac.authorization.k8s.io/v1/clusterroles/system:controller:job-controller",
+        {"resource": "clusterroles", "name": "system:controller:job-controller"},
+    ),
+    (
+        "/apis/rbac.authorization.k8s.io/v1/clusterroles/system%3Aaggregate-to-edit",
+        {"resource": "clusterroles", "name": "system:aggregate-to-edit"},
+    ),
+    (
+        "/api/v1/watch/pods",
+        {"kind": "core", "resource": "pods", "legacy_watch": True, "namespace": None},
+    ),
+    (
+        "/api/v1/watch/namespaces/foo/pods",
+        {"namespace": "foo", "resource": "pods", "legacy_watch": True},
+    ),
+    (
+        "/api/v1/watch/namespaces/foo/pods/bar",
+        {"namespace": "foo", "resource": "pods", "name": "bar", "legacy_watch": True},
+    ),
+    (
+        "/apis/apps/v1/watch/namespaces/ns/deployments",
+        {"kind": "group", "namespace": "ns", "resource": "deployments", "legacy_watch": True},
+    ),
+    ("/api/v1/watch/namespaces", {"resource": "namespaces", "legacy_watch": True}),
+    ("/api/v1/namespaces/..foo", {"resource": "namespaces", "name": "..foo"}),
+    ("/api/v1/namespaces/%2e.x", {"resource": "namespaces", "name": "..x"}),
+    ("/api/v1/namespaces/caf%C3%A9", {"resource": "namespaces", "name": "café"}),
+]
+
+
+@pytest.mark.parametrize(("path", "expected"), VALID, ids=[path for path, _ in VALID])
+def test_canonical_paths_are_classified(path: str, expected: dict[str, Any]) -> None:
+    parsed = parse_api_path(path)
+    assert parsed.raw == path
+    for field, value in expected.items():
+        assert getattr(parsed, field) == value, field
+
+
+INVALID = [
+    "",
+    "api/v1/pods",
+    "*",
+    "/api/v1/..",
+    "/api/v1/../../secrets",
+    "/api/v1/namespaces/foo/../bar/pods",
+    "/api/v1/./pods",
+    "/api/v1/pods/.",
+    "/api/v1/%2e%2e/secrets",
+    "/api/v1/%2E%2E/secrets",
+    "/api/v1/.%2e/secrets",
+    "/api/v1/%2e/pods",
+    "/api//v1/pods",
+    "//api/v1/pods",
+    "/api/v1/pods/",
+    "/api/v1/namespaces//pods",
+    "/api/",
+    "/apis/",
+    "/apis/apps/",
+    "/apis/apps/v1/",
+    "/version/",
+    "/api/v1/namespaces/foo%2fbar/pods",
+    "/api/v1/namespaces/foo%2Fbar/pods",
+    "/api/v1/namespaces/foo%5cbar/pods",
+    "/api/v1/namespaces/foo%5Cbar/pods",
+    "/api/v1/namespaces/foo\\bar/pods",
+    "/api/v1/namespaces/foo%00/pods",
+    "/api/v1/namespaces/foo\x00/pods",
+    "/api/v1/namespaces/foo%0a/pods",
+    "/api/v1/namespaces/foo\r\n/pods",
+    "/api/v1/namespaces/foo%7f/pods",
+    "/api/v1/namespaces/foo%c2%85/pods",
+    "/api/v1/namespaces/foo%/pods",
+    "/api/v1/namespaces/foo%2/pods",
+    "/api/v1/namespaces/foo%zz/pods",
+    "/api/v1/namespaces/foo%252e%252e/pods",
+    "/api/v1/namespaces/%ff/pods",
+    "/api/v1/namespaces/foo bar/pods",
+    "/api/v1/namespaces/café/pods",
+    "/api/v1/pods?watch=true",
+    "/api/v1/pods#frag",
+    "/api/v1/namespaces/foo/pods/p/log/",
+    "/api/v1/namespaces/foo/pods/p:80/proxy//x",
+    "/api/v1/namespaces/foo/pods/p:80/proxy/../../../secrets",
+    "/api/v1/namespaces/foo/pods/p:80/proxy/a%2f..%2f..",
+]
+
+
+@pytest.mark.parametrize("path", INVALID)
+def test_non_canonical_paths_are_refused(path: str) -> None:
+    with pytest.raises(BadRequest) as caught:
+        parse_api_path(path)
+    assert caught.value.code == 400
+    assert "invalid request path" in caught.value.message
+
+
+def test_is_collection_only_for_a_resource_without_name() -> None:
+    assert parse_api_path("/api/v1/namespaces/foo/pods").is_collection
+    assert parse_api_path("/api/v1/namespaces").is_collection
+    assert not parse_api_path("/api/v1/namespaces/foo").is_collection
+    assert not parse_api_path("/api/v1/namespaces/foo/pods/bar").is_collection
+    assert not parse_api_path("/apis/apps/v1").is_collection
+
+
+def test_error_message_is_bounded_for_huge_paths() -> None:
+    with pytest.raises(BadRequest) as caught:
+        parse_api_path("/api/v1/" + "a" * 10_000 + "/..")
+    assert len(caught.value.message) < 300
+
+
+# --- properties ------------------------------------------------------------------------------
+
+names = st.from_regex(r"[a-z0-9]([a-z0-9\-.:]{0,20}[a-z0-9])?", fullmatch=True).filter(
+    lambda name: name not in (".", "..")
+)
+
+
+@st.composite
+def api_paths(draw: st.DrawFn) -> tuple[str, ApiPath]:
+    """A canonical path built from parts, with some characters percent-encoded."""
+    core = draw(st.booleans())
+    group = "" if core else draw(names)
+    version = draw(st.sampled_from(["v1", "v1beta1", "v2alpha3"]))
+    legacy_watch = draw(st.booleans())
+    resource = draw(names.filter(lambda r: r not in ("namespaces", "watch")))
+    namespace = draw(st.none() | names)
+    name = draw(st.none() | names)
+    subresource = draw(st.none() | names) if name is not None else None
+
+    def encode(segment: str) -> str:
+        return quote(segment, safe="") if draw(st.booleans()) else segment
+
+    parts = ["api"] if core else ["apis", encode(group)]
+    parts.append(version)
+    if legacy_watch:
+        parts.append("watch")
+    if namespace is not None:
+        parts += ["namespaces", encode(namespace)]
+    parts.append(encode(resource))
+    if name is not None:
+        parts.append(encode(name))
+    if subresource is not None:
+        parts.append(subresource)
+    raw = "/" + "/".join(parts)
+    expected = ApiPath(
+        raw=raw,
+        kind="core" if core else "group",
+        group=group,
+        version=version,
+        namespace=namespace,
+        resource=resource,
+        name=name,
+        subresource=subresource,
+        legacy_watch=legacy_watch,
+    )
+    return raw, expected
+
+
+@given(api_paths())
+def test_built_paths_round_trip(case: tuple[str, ApiPath]) -> None:
+    raw, expected = case
+    assert parse_api_path(raw) == expected
+
+
+@given(
+    case=api_paths(),
+    where=st.integers(min_value=1),
+    dots=st.sampled_from([".", "..", "%2e", "%2E%2e", ".%2E", "", "a%2Fb", "%5C"]),
+)
+def test_inserting_a_traversal_segment_anywhere_is_refused(
+    case: tuple[str, ApiPath], where: int, dots: str
+) -> None:
+    segments = case[0].split("/")
+    index = 1 + where % len(segments)
+    segments.insert(index, dots)
+    with pytest.raises(BadRequest):
+        parse_api_path("/".join(segments))
+
+
+@given(st.text(max_size=60))
+def test_arbitrary_input_is_either_refused_or_forwarded_verbatim(text: str) -> None:
+    try:
+        parsed = parse_api_path(text)
+    except BadRequest:
+        return
+    assert parsed.raw == text
+    decoded = [parsed.group, parsed.version, parsed.namespace, parsed.resource, parsed.name]
+    for value in decoded:
+        assert value is None or (value not in (".", "..") and "/" not in value)
+
+
+@given(st.text(alphabet="/.%2eEfF5cC", max_size=30))
+def test_dot_and_escape_soup_never_yields_a_dot_segment(text: str) -> None:
+    path = "/api/v1/" + text
+    assume(path != "/api/v1/")
+    try:
+        parsed = parse_api_path(path)
+    except BadRequest:
+        return
+    for value in (parsed.resource, parsed.name, parsed.subresource, *parsed.tail):
+        assert value not in (".", "..")

@@ -1,0 +1,426 @@
+"""Accept negotiation, list splitting, bookmarks and Table columns of kube.representation."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from watchproxy.kube.representation import (
+    INITIAL_EVENTS_END_ANNOTATION,
+    JsonRepresentation,
+    PartialMetadataRepresentation,
+    Representation,
+    TableRepresentation,
+    representation_for,
+)
+
+KUBECTL_GET_W = (
+    "application/json;as=Table;v=v1;g=meta.k8s.io,"
+    "application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json"
+)
+METADATA_WATCH = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
+METADATA_PROTOBUF = (
+    "application/vnd.kubernetes.protobuf;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,"
+    "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
+)
+
+TABLE_V1 = "meta.k8s.io/v1:Table:Metadata"
+POM_V1 = "meta.k8s.io/v1:PartialObjectMetadata"
+
+# (accept, includeObject, expected identity or None = pass through)
+ACCEPT_CASES: list[tuple[str | None, str | None, str | None]] = [
+    (None, None, "json"),
+    ("", None, "json"),
+    ("   ", None, "json"),
+    ("application/json", None, "json"),
+    ("*/*", None, "json"),
+    ("application/*", None, "json"),
+    ("application/json, */*", None, "json"),
+    ("application/json;stream=watch", None, "json"),
+    ("application/json;charset=utf-8", None, "json"),  # unrecognised params are ignored
+    ("text/html, application/json", None, "json"),  # text/html matches nothing: skipped
+    ("application/json;AS=Table", None, "json"),  # param names are case-sensitive
+    ("application/json;AS=Table;g=meta.k8s.io;v=v1", None, None),  # g/v without a kind
+    (KUBECTL_GET_W, None, TABLE_V1),
+    (KUBECTL_GET_W, "Metadata", TABLE_V1),
+    (KUBECTL_GET_W, "", TABLE_V1),
+    (KUBECTL_GET_W, "Object", "meta.k8s.io/v1:Table:Object"),
+    (KUBECTL_GET_W, "None", None),  # rows without objects cannot be keyed
+    (KUBECTL_GET_W, "bogus", None),  # the apiserver answers 400
+    (
+        "application/json;as=Table;v=v1beta1;g=meta.k8s.io",
+        None,
+        "meta.k8s.io/v1beta1:Table:Metadata",
+    ),
+    (" application/json ; as=Table ; g=meta.k8s.io ; v=v1 ", None, TABLE_V1),
+    ("application/json;g=meta.k8s.io;v=v1;as=Table", None, TABLE_V1),  # param order irrelevant
+    ("*/*;as=Table;g=meta.k8s.io;v=v1", None, TABLE_V1),
+    (METADATA_WATCH, None, POM_V1),
+    (METADATA_WATCH, "Object", POM_V1),  # includeObject only matters for Tables
+    (
+        "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1beta1",
+        None,
+        "meta.k8s.io/v1beta1:PartialObjectMetadata",
+    ),
+    # a watch asking for the List kind would fail in the apiserver's encoder
+    (
+        "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,"
+        "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1",
+        None,
+        None,
+    ),
+    ("application/vnd.kubernetes.protobuf", None, None),
+    ("application/vnd.kubernetes.protobuf, application/json", None, None),
+    (METADATA_PROTOBUF, None, None),
+    ("application/json, application/vnd.kubernetes.protobuf", None, "json"),
+    ("application/yaml", None, None),
+    ("application/cbor", None, None),
+    ("application/json;stream=other", None, None),
+    ("application/json;pretty=1", None, None),
+    ("application/json;as=Table", None, None),  # no group/version: the apiserver skips it
+    ("application/json;as=Foo;g=meta.k8s.io;v=v1", None, None),
+    ("application/json;as=Table;g=example.com;v=v1", None, None),
+    ("application/json;as=Table;g=meta.k8s.io;v=v2", None, None),
+    ("Application/JSON", None, None),  # the apiserver matches case-sensitively
+    ("text/plain", None, None),  # nothing acceptable: 406 from the apiserver
+    # q-values: the apiserver sorts by q, then by specificity
+    ("application/vnd.kubernetes.protobuf;q=0.5, application/json", None, "json"),
+    ("application/json;q=0.5, application/vnd.kubernetes.protobuf", None, None),
+    (f"application/json;q=0.9, {KUBECTL_GET_W.split(',')[0]}", None, TABLE_V1),
+    ("application/json;q=1.0, application/json;as=Table;g=meta.k8s.io;v=v1;q=1", None, "json"),
+    ("application/json;q=0.1, application/yaml;q=0.2", None, None),
+    ("application/yaml;q=0, application/json", None, "json"),
+    ("*/*;q=0.8, application/json;as=Table;g=meta.k8s.io;v=v1", None, TABLE_V1),
+    ("*/*, application/json;as=Table;g=meta.k8s.io;v=v1", None, TABLE_V1),  # specific first
+    ("application/*, application/json;as=Table;g=meta.k8s.io;v=v1", None, TABLE_V1),
+    ("application/json;q=abc", None, None),  # Go reads it as q=0: too subtle to mimic
+    ("application/json;q= 0.5", None, None),
+    ("*/json", None, None),
+    # goautoneg's comparator is inconsistent when a less specific type has a higher q
+    ("application/json;q=0.5, */*;q=0.9", None, None),
+]
+
+
+@pytest.mark.parametrize(("accept", "include_object", "identity"), ACCEPT_CASES)
+def test_accept_negotiation(
+    accept: str | None, include_object: str | None, identity: str | None
+) -> None:
+    rep = representation_for(accept, include_object)
+    assert (rep.identity if rep is not None else None) == identity
+
+
+def test_equivalent_headers_share_an_identity_and_different_ones_do_not() -> None:
+    same = [
+        KUBECTL_GET_W,
+        "application/json;as=Table;g=meta.k8s.io;v=v1",
+        "application/json; as=Table; g=meta.k8s.io; v=v1",
+        "application/json;as=Table;g=meta.k8s.io;v=v1;q=1, application/json;q=0.5",
+    ]
+    identities = {r.identity for a in same if (r := representation_for(a, None)) is not None}
+    assert identities == {TABLE_V1}
+    different = [
+        "application/json",
+        KUBECTL_GET_W,
+        "application/json;as=Table;g=meta.k8s.io;v=v1beta1",
+        METADATA_WATCH,
+        "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1beta1",
+    ]
+    found = [r.identity for a in different if (r := representation_for(a, None)) is not None]
+    assert len(set(found)) == len(different)
+    assert representation_for(KUBECTL_GET_W, "Object") is not None
+    assert representation_for(KUBECTL_GET_W, "Object").identity != TABLE_V1  # type: ignore[union-attr]
+
+
+def test_long_unsorted_accept_is_passed_through() -> None:
+    header = ",".join(["text/plain"] * 7 + ["application/json;q=0.5", "application/json"])
+    assert representation_for(header, None) is None
+    sorted_header = ",".join(["application/json"] + ["text/plain"] * 8)
+    assert representation_for(sorted_header, None) is not None
+    assert representation_for(",".join(["application/json"] * 13), None) is None
+
+
+@given(st.text(max_size=80))
+def test_accept_parsing_never_raises(header: str) -> None:
+    rep = representation_for(header, None)
+    assert rep is None or isinstance(rep, Representation)
+
+
+def test_upstream_accept_headers() -> None:
+    table = representation_for(KUBECTL_GET_W, None)
+    assert isinstance(table, TableRepresentation)
+    assert table.list_accept_header == table.watch_accept_header == table.accept_header
+    assert table.accept_header == "application/json;as=Table;g=meta.k8s.io;v=v1"
+    assert table.query_params == {"includeObject": "Metadata"}
+    pom = representation_for(METADATA_WATCH, None)
+    assert isinstance(pom, PartialMetadataRepresentation)
+    assert pom.list_accept_header == (
+        "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
+    )
+    assert (
+        pom.watch_accept_header
+        == pom.accept_header
+        == ("application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1")
+    )
+    plain = representation_for(None, None)
+    assert plain is not None
+    assert plain.accept_header == plain.list_accept_header == "application/json"
+    assert plain.query_params == {}
+
+
+# --- lists ---------------------------------------------------------------------------------
+
+
+def pod_item(name: str, rv: str, namespace: str | None = "default") -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "resourceVersion": rv}
+    if namespace:
+        meta["namespace"] = namespace
+    return {"metadata": meta, "spec": {"nodeName": "n1"}}
+
+
+def test_json_list_items_get_kind_and_api_version() -> None:
+    rep = JsonRepresentation()
+    body: dict[str, Any] = {
+        "kind": "PodList",
+        "apiVersion": "v1",
+        "metadata": {"resourceVersion": "100"},
+        "items": [pod_item("a", "5"), pod_item("b", "7")],
+    }
+    items, rv = rep.list_items(body)
+    assert rv == "100"
+    assert [list(i)[:2] for i in items] == [["kind", "apiVersion"]] * 2  # first, as upstream
+    assert items[0] == {"kind": "Pod", "apiVersion": "v1", **pod_item("a", "5")}
+    assert [rep.object_key(i) for i in items] == ["default/a", "default/b"]
+    assert [rep.object_rv(i) for i in items] == ["5", "7"]
+    assert body["items"][0] == pod_item("a", "5")  # input not mutated
+    assert rep.bookmark_object("123") == {
+        "kind": "Pod",
+        "apiVersion": "v1",
+        "metadata": {"resourceVersion": "123"},
+    }
+    assert rep.list_body(items, "100")["kind"] == "PodList"
+
+
+def test_json_list_keeps_item_kind_of_custom_resources_and_handles_null_items() -> None:
+    rep = JsonRepresentation()
+    cr = {"kind": "Widget", "apiVersion": "example.com/v1", **pod_item("w", "3", None)}
+    items, _ = rep.list_items(
+        {
+            "kind": "WidgetList",
+            "apiVersion": "example.com/v1",
+            "metadata": {"resourceVersion": "9"},
+            "items": [cr],
+        }
+    )
+    assert items == [cr]
+    assert rep.object_key(items[0]) == "w"  # cluster-scoped
+    assert rep.list_items(
+        {
+            "kind": "WidgetList",
+            "apiVersion": "example.com/v1",
+            "metadata": {"resourceVersion": "10"},
+            "items": None,
+        }
+    ) == ([], "10")
+
+
+def test_list_without_resource_version_is_rejected() -> None:
+    with pytest.raises(ValueError):
+        JsonRepresentation().list_items({"kind": "PodList", "apiVersion": "v1", "items": []})
+
+
+def test_partial_metadata_list_items() -> None:
+    rep = PartialMetadataRepresentation("v1")
+    body = {
+        "kind": "PartialObjectMetadataList",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": {"resourceVersion": "50"},
+        "items": [{"metadata": {"name": "a", "namespace": "ns", "resourceVersion": "4"}}],
+    }
+    items, rv = rep.list_items(body)
+    assert rv == "50"
+    assert items == [
+        {
+            "kind": "PartialObjectMetadata",
+            "apiVersion": "meta.k8s.io/v1",
+            "metadata": {"name": "a", "namespace": "ns", "resourceVersion": "4"},
+        }
+    ]
+    assert rep.bookmark_object("60", initial_events_end=True) == {
+        "kind": "PartialObjectMetadata",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": {
+            "resourceVersion": "60",
+            "annotations": {INITIAL_EVENTS_END_ANNOTATION: "true"},
+        },
+    }
+    with pytest.raises(ValueError):
+        rep.list_items({**body, "kind": "PodList"})
+
+
+COLUMNS = [
+    {"name": "Name", "type": "string", "format": "name", "description": "", "priority": 0},
+    {"name": "Age", "type": "string", "format": "", "description": "", "priority": 0},
+]
+
+
+def table_row(name: str, rv: str, age: str = "1m") -> dict[str, Any]:
+    return {
+        "cells": [name, age],
+        "object": {
+            "kind": "PartialObjectMetadata",
+            "apiVersion": "meta.k8s.io/v1",
+            "metadata": {"name": name, "namespace": "default", "resourceVersion": rv},
+        },
+    }
+
+
+def table_list(rv: str, *rows: dict[str, Any], columns: list[Any] = COLUMNS) -> dict[str, Any]:
+    return {
+        "kind": "Table",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": {"resourceVersion": rv},
+        "columnDefinitions": columns,
+        "rows": list(rows),
+    }
+
+
+def table_event_object(row: dict[str, Any], columns: list[Any] | None = None) -> dict[str, Any]:
+    obj: dict[str, Any] = {
+        "kind": "Table",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": {"resourceVersion": row["object"]["metadata"]["resourceVersion"]},
+    }
+    if columns is not None:
+        obj["columnDefinitions"] = columns
+    obj["rows"] = [row]
+    return obj
+
+
+def table_rep(include_object: str = "Metadata") -> TableRepresentation:
+    rep = representation_for(KUBECTL_GET_W, include_object)
+    assert isinstance(rep, TableRepresentation)
+    return rep
+
+
+def test_table_list_is_split_into_one_row_tables_without_columns() -> None:
+    rep = table_rep()
+    items, rv = rep.list_items(table_list("90", table_row("a", "5"), table_row("b", "8")))
+    assert rv == "90"
+    assert items == [
+        table_event_object(table_row("a", "5")),
+        table_event_object(table_row("b", "8")),
+    ]
+    assert rep.columns == COLUMNS
+    assert [rep.object_key(i) for i in items] == ["default/a", "default/b"]
+    assert [rep.object_rv(i) for i in items] == ["5", "8"]
+    back = rep.list_body(items, "90")
+    assert back == table_list("90", table_row("a", "5"), table_row("b", "8"))
+
+
+def test_table_first_line_gets_column_definitions_once() -> None:
+    rep = table_rep()
+    rep.list_items(table_list("90", table_row("a", "5")))
+    line = rep.encode_event("ADDED", table_event_object(table_row("a", "5")))
+    fixed = rep.first_line_fixup(line)
+    event = json.loads(fixed)
+    assert event["type"] == "ADDED"
+    assert event["object"]["columnDefinitions"] == COLUMNS
+    assert event["object"]["rows"] == [table_row("a", "5")]
+    assert fixed.endswith(b"}\n") and b" " not in fixed.replace(b"1m", b"")
+    assert rep.first_line_fixup(fixed) == fixed  # never twice
+    assert json.loads(line)["object"].get("columnDefinitions") is None
+    error = b'{"type":"ERROR","object":{"kind":"Status"}}\n'
+    assert rep.first_line_fixup(error) == error
+
+
+def test_table_fixup_is_identity_until_columns_are_known_and_for_other_representations() -> None:
+    line = b'{"type":"ADDED","object":{"kind":"Table"}}\n'
+    assert table_rep().first_line_fixup(line) == line
+    assert JsonRepresentation().first_line_fixup(line) == line
+
+
+def test_table_upstream_events_are_stored_without_known_columns() -> None:
+    rep = table_rep()
+    rep.list_items(table_list("90", table_row("a", "5")))
+    upstream_first = table_event_object(table_row("a", "95"), COLUMNS)
+    prepared = rep.prepare(upstream_first)
+    assert "columnDefinitions" not in prepared
+    assert "columnDefinitions" in upstream_first  # not mutated
+    assert b"columnDefinitions" not in rep.stream_line("MODIFIED", prepared)
+
+
+def test_table_changed_columns_are_announced_in_the_next_stored_line() -> None:
+    rep = table_rep()
+    rep.list_items(table_list("90", table_row("a", "5")))
+    new_columns = [
+        *COLUMNS,
+        {"name": "Ready", "type": "string", "format": "", "description": "", "priority": 0},
+    ]
+    prepared = rep.prepare(table_event_object(table_row("a", "95"), new_columns))
+    line = rep.stream_line("MODIFIED", prepared)
+    assert json.loads(line)["object"]["columnDefinitions"] == new_columns
+    assert line.startswith(b'{"type":"MODIFIED","object":{"columnDefinitions":')
+    assert rep.first_line_fixup(line) == line
+    later = rep.stream_line("MODIFIED", rep.prepare(table_event_object(table_row("a", "96"))))
+    assert b"columnDefinitions" not in later
+    assert json.loads(rep.first_line_fixup(later))["object"]["columnDefinitions"] == new_columns
+
+
+def test_table_with_rv_and_bookmark() -> None:
+    rep = table_rep()
+    rep.list_items(table_list("90", table_row("a", "5")))
+    obj = table_event_object(table_row("a", "5"))
+    moved = rep.with_rv(obj, "99")
+    assert rep.object_rv(moved) == "99"
+    assert moved["metadata"]["resourceVersion"] == "99"
+    assert rep.object_rv(obj) == "5"  # not mutated
+    bookmark = rep.bookmark_object("120", initial_events_end=True)
+    assert bookmark["kind"] == "Table"
+    assert bookmark["metadata"] == {"resourceVersion": "120"}
+    row_obj = bookmark["rows"][0]["object"]
+    assert row_obj["kind"] == "PartialObjectMetadata"
+    assert row_obj["metadata"]["annotations"] == {INITIAL_EVENTS_END_ANNOTATION: "true"}
+    assert rep.object_rv(bookmark) == "120"
+
+
+def test_table_include_object_learns_the_watched_kind_for_bookmarks() -> None:
+    rep = table_rep("Object")
+    row = {
+        "cells": ["a", "1m"],
+        "object": {"kind": "Pod", "apiVersion": "v1", **pod_item("a", "5")},
+    }
+    rep.list_items(table_list("90", row))
+    assert rep.bookmark_object("91")["rows"][0]["object"] == {
+        "kind": "Pod",
+        "apiVersion": "v1",
+        "metadata": {"resourceVersion": "91"},
+    }
+
+
+def test_table_rows_without_objects_are_rejected() -> None:
+    with pytest.raises(ValueError):
+        table_rep().list_items(table_list("90", {"cells": ["a", "1m"], "object": None}))
+
+
+def test_json_learns_kind_from_events_and_can_be_seeded() -> None:
+    rep = JsonRepresentation()
+    assert rep.bookmark_object("1") == {"metadata": {"resourceVersion": "1"}}
+    rep.learn_kind("apps/v1", "Deployment")
+    assert rep.bookmark_object("1")["kind"] == "Deployment"
+    rep.prepare({"kind": "ReplicaSet", "apiVersion": "apps/v1", **pod_item("x", "2")})
+    assert rep.bookmark_object("2")["kind"] == "ReplicaSet"
+
+
+def test_encoding_is_compact_and_utf8() -> None:
+    rep = JsonRepresentation()
+    line = rep.encode_event("ADDED", {"metadata": {"name": "ü", "resourceVersion": "1"}})
+    assert (
+        line
+        == '{"type":"ADDED","object":{"metadata":{"name":"ü","resourceVersion":"1"}}}\n'.encode()
+    )
+    lone = rep.encode_event("ADDED", {"x": "\ud800"})
+    assert json.loads(lone)["object"]["x"] == "\ud800"

@@ -1,0 +1,2 @@
+"""Shared watches: one upstream LIST+WATCH per key, its state and history, and the fan-out to
+every subscribed client."""

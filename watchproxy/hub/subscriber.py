@@ -1,0 +1,165 @@
+"""One client watch served from a shared watch: its own start point, bookmarks and deadline.
+
+A subscriber is a cursor into the shared history; it writes the same encoded bytes as every
+other subscriber of the key. It never blocks the others: when it falls more than
+``max_lag`` events behind (or out of the history ring) it is ended cleanly, so the client
+re-watches from its last resourceVersion and resumes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from watchproxy.hub.sharedwatch import SharedWatch
+from watchproxy.hub.watchcache import StartPlan
+from watchproxy.metrics import Metrics
+
+log = logging.getLogger("watchproxy.hub")
+
+# How often an idle subscriber checks that its client is still connected.
+LIVENESS_POLL_SECONDS = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriberOptions:
+    deadline_seconds: float
+    bookmarks: bool
+    bookmark_interval: float
+    max_lag: int
+    write_timeout: float
+
+
+class Subscriber:
+    """Writes one client's watch stream. ``run`` returns when the stream has ended."""
+
+    def __init__(
+        self,
+        shared: SharedWatch,
+        response: web.StreamResponse,
+        request: web.Request,
+        options: SubscriberOptions,
+        metrics: Metrics,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.shared = shared
+        self.response = response
+        self.request = request
+        self.options = options
+        self.clock = clock
+        label = shared.key.resource_label
+        self._sent = metrics.events_sent.labels(label)
+        self._bytes = metrics.bytes_sent.labels(label)
+        self._slow = metrics.slow_subscribers
+        self.ended_because = ""
+        self.stalled = False
+
+    def _client_gone(self) -> bool:
+        transport = self.request.transport
+        return transport is None or transport.is_closing()
+
+    def _abort_stalled(self) -> None:
+        self.stalled = True
+        transport = self.request.transport
+        if transport is not None:
+            transport.abort()  # wakes the blocked write with a connection error
+
+    async def _bounded(self, write: Awaitable[None]) -> None:
+        # A timer, not wait_for: cancelling aiohttp's drain does not reliably end it, while
+        # aborting the transport does — and a timer costs no task per write.
+        timer = asyncio.get_running_loop().call_later(
+            self.options.write_timeout, self._abort_stalled
+        )
+        try:
+            await write
+        finally:
+            timer.cancel()
+
+    async def _write(self, data: bytes, events: int) -> None:
+        await self._bounded(self.response.write(data))
+        self._sent.inc(events)
+        self._bytes.inc(len(data))
+
+    async def run(self, plan: StartPlan) -> None:
+        cache = self.shared.cache
+        cursor = plan.next_seq
+        min_rv = plan.min_rv
+        me = id(self)
+        self.shared.cursors[me] = cursor
+        started = self.clock()
+        deadline = started + self.options.deadline_seconds
+        next_bookmark = started + self.options.bookmark_interval
+        first_line = True
+        try:
+            if plan.initial:
+                lines = list(plan.initial)
+                lines[0] = self.shared.representation.first_line_fixup(lines[0])
+                first_line = False
+                await self._write(b"".join(lines), len(lines))
+            while True:
+                if self.shared.closed:
+                    self.ended_because = "shared watch closed"
+                    break
+                events = cache.events_from(cursor, min_rv)
+                if events is None or cache.next_seq - cursor > self.options.max_lag:
+                    self._slow.inc()
+                    self.ended_because = "too slow"
+                    log.info(
+                        "ended a slow watch client of %s (%d events behind)",
+                        self.shared.key.collection_path,
+                        cache.next_seq - cursor,
+                    )
+                    break
+                if events:
+                    cursor = events[-1].seq + 1
+                    self.shared.cursors[me] = cursor
+                    lines = [e.line for e in events if plan.wants(e)]
+                    if lines:
+                        if first_line:
+                            lines[0] = self.shared.representation.first_line_fixup(lines[0])
+                            first_line = False
+                        await self._write(b"".join(lines), len(lines))
+                    continue
+                now = self.clock()
+                if now >= deadline:
+                    self.ended_because = "deadline"
+                    break
+                if self.options.bookmarks and now >= next_bookmark:
+                    await self._bookmark(min_rv)
+                    next_bookmark = now + self.options.bookmark_interval
+                    continue
+                wake = min(deadline, next_bookmark if self.options.bookmarks else deadline)
+                timeout = min(max(0.0, wake - now), LIVENESS_POLL_SECONDS)
+                await self.shared.wait_change(timeout)
+                if self._client_gone():
+                    self.ended_because = "client gone"
+                    return
+            if self.options.bookmarks and self.ended_because == "deadline":
+                await self._bookmark(min_rv)
+            # A stalled client cannot even take the end of the stream: bounded like a write.
+            await self._bounded(self.response.write_eof())
+        except (ConnectionError, RuntimeError):
+            # The client went away or stopped reading: its stream is over, nobody else waits.
+            self.ended_because = self.ended_because or "client gone"
+            if self.request.transport is not None:
+                self.request.transport.close()
+        finally:
+            if self.stalled and self.ended_because != "too slow":
+                self.ended_because = "stalled"
+                self._slow.inc()
+                log.info(
+                    "ended a watch client of %s that stopped reading",
+                    self.shared.key.collection_path,
+                )
+            self.shared.cursors.pop(me, None)
+
+    async def _bookmark(self, min_rv: int) -> None:
+        rv = self.shared.cache.resource_version
+        if rv is None or rv < min_rv:
+            return  # never send a client a resourceVersion older than one it already has
+        await self._write(self.shared.cache.bookmark_line(), 0)

@@ -1,0 +1,435 @@
+"""Current state and bounded event history of one shared watch: pure, synchronous, clock passed in.
+
+The hub feeds one upstream LIST (:meth:`WatchCache.replace`) then the upstream WATCH
+(:meth:`WatchCache.apply`, :meth:`WatchCache.bookmark`) into a ``WatchCache``; every event is
+decoded once and encoded once (``CachedEvent.line``). A subscriber is a cursor (a ``seq``) into
+the history; :meth:`WatchCache.plan` says where a new subscriber starts and what it gets first.
+
+resourceVersions are compared as integers (the hub shares only keys whose RVs parse as
+decimal integers) and handed to clients exactly as upstream spelled them.
+
+Relist without breaking streams. After the first sync, a later :meth:`WatchCache.replace`
+(relist after an upstream 410 Expired, or after an outage longer than the window) diffs the new
+list against the current state and appends the events that bring every subscriber to it:
+ADDED for new objects and MODIFIED for objects whose RV changed, in ascending order of their
+own RV, then DELETED for objects that are gone, last, each carrying the last known state with
+``metadata.resourceVersion`` set to the LIST's RV. The real deletion RV is unknown; the list RV
+is the first RV at which the object is known to be gone, and putting the DELETEs last at that
+RV keeps every client's RVs from going backwards. Unchanged objects produce nothing. These
+DELETEs share one RV; a client resuming at exactly that RV gets only events after it, as the
+contract says ("RV N: only events after N, never a repeat"). A subscriber's stream never ends
+inside such a group: it writes every pending event in one batch before it checks its
+deadline, so only a client that dies mid-write can resume having seen part of the group.
+Upstream events at or below the cache RV (the relist covered them, or a reconnect repeated
+them) are ignored.
+
+A relist from cache RV ``R`` to list RV ``L`` is a gap in the history: a client whose state is
+at an RV strictly between them (from its own LIST, or from the middle of the diff) may hold an
+object created and deleted within the gap, which no diff can know to delete. Such an RV is
+answered with 410 Expired by :meth:`WatchCache.plan`, and a subscriber that joined ahead of
+the cache with such an RV is ended by :meth:`WatchCache.events_from` (pass its ``min_rv``).
+
+Eviction: beyond ``capacity`` events, and events older than ``max_age`` except the DELETEs of
+the latest relist while nothing newer has arrived (see above: their RV is every idle client's).
+Evicting an event makes RVs below its own unresumable.
+
+A list whose RV is older than the cache's (an etcd restore, a stale read) cannot be reconciled
+without sending clients back in time: :meth:`WatchCache.replace` raises
+:class:`ListRegressed`, and the hub either relists consistently or calls
+:meth:`WatchCache.reset`, which evicts every cursor.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from watchproxy.errors import status_object
+from watchproxy.kube.representation import Representation, encode_json
+
+__all__ = [
+    "ADDED",
+    "DELETED",
+    "MODIFIED",
+    "CachedEvent",
+    "ListRegressed",
+    "NotSynced",
+    "StartPlan",
+    "WatchCache",
+    "parse_rv",
+]
+
+ADDED = "ADDED"
+MODIFIED = "MODIFIED"
+DELETED = "DELETED"
+_EVENT_TYPES = frozenset({ADDED, MODIFIED, DELETED})
+
+Obj = dict[str, Any]
+
+
+def parse_rv(rv: str) -> int:
+    """A resourceVersion as an integer; ``ValueError`` unless it is plain decimal digits."""
+    if not rv.isascii() or not rv.isdigit():
+        raise ValueError(f"resourceVersion {rv!r} is not a decimal integer")
+    return int(rv)
+
+
+class NotSynced(RuntimeError):
+    """The cache has not received its first LIST yet."""
+
+
+class ListRegressed(ValueError):
+    """A relist's RV is older than the cache's: applying it would send clients back in time."""
+
+
+@dataclass(frozen=True, slots=True)
+class CachedEvent:
+    """One event in the history; ``line`` is written unchanged to every subscriber."""
+
+    seq: int  # position in this cache's history, strictly increasing by 1
+    type: str  # ADDED | MODIFIED | DELETED
+    rv: int  # the event's RV (relist DELETEs: the list RV); never decreases along the history
+    key: str  # "namespace/name", or "name" if cluster-scoped
+    line: bytes  # b'{"type":"ADDED","object":{...}}\n', compact JSON
+    time: float  # clock() when it entered the cache
+    relist: bool = False  # synthesised by a relist diff rather than received from upstream
+
+
+@dataclass(frozen=True, slots=True)
+class StartPlan:
+    """Where a new subscriber starts.
+
+    Write ``initial`` first, then ``events_from(next_seq)`` onwards, skipping events for
+    which :meth:`wants` is false. ``expired``: send ``expired_line`` and end instead.
+    ``wait_rv``: sendInitialEvents with an RV newer than the cache; plan again once
+    ``resource_version >= wait_rv`` (or time out as the apiserver does).
+    """
+
+    initial: list[bytes]
+    next_seq: int
+    expired: bool = False
+    initial_rv: str | None = None  # the RV at which ``initial`` is the complete state
+    # Skip events with rv <= min_rv, and send no BOOKMARK below it: the client is ahead of
+    # the cache. -1 (everything) unless the client's RV is newer than the cache's.
+    min_rv: int = -1
+    wait_rv: int | None = None
+
+    def wants(self, event: CachedEvent) -> bool:
+        return event.rv > self.min_rv
+
+
+@dataclass(slots=True)
+class _Entry:
+    obj: Obj
+    rv: int
+    added_line: bytes | None = None  # synthetic ADDED, encoded on first use
+
+
+class WatchCache:
+    """Current state + bounded history of one watch key.
+
+    Guarantees: history RVs never decrease and seqs increase by one; every event in history
+    with ``rv > N`` for ``N >= oldest_resumable_rv`` is retained, so a client at ``N`` that
+    replays them (see :meth:`plan`) reaches the current state; events at or below the cache
+    RV are never appended twice; the history holds at most ``capacity`` events and, once
+    :meth:`apply` or :meth:`evict_expired` ran, none older than ``max_age`` except the DELETEs
+    of the latest relist while they are the newest events. No I/O, no locking.
+    """
+
+    def __init__(
+        self,
+        representation: Representation,
+        *,
+        capacity: int,
+        max_age: float,
+        clock: Callable[[], float],
+    ) -> None:
+        if capacity < 1:
+            raise ValueError("capacity must be at least 1")
+        if max_age <= 0:
+            raise ValueError("max_age must be positive")
+        self._rep = representation
+        self._capacity = capacity
+        self._max_age = max_age
+        self._clock = clock
+        self._state: dict[str, _Entry] = {}
+        self._events: list[CachedEvent] = []  # ring: live events are self._events[self._head:]
+        self._head = 0
+        self._bytes = 0
+        self._next_seq = 0
+        self._rv: int | None = None
+        self._rv_str: str | None = None
+        self._oldest_resumable: int | None = None
+        self._gaps: list[tuple[int, int, int]] = []  # (seq at the relist, RV before, list RV)
+        self._bookmark_cache: tuple[str, bytes] | None = None
+
+    # --- properties ---------------------------------------------------------------------
+
+    @property
+    def representation(self) -> Representation:
+        return self._rep
+
+    @property
+    def synced(self) -> bool:
+        return self._rv is not None
+
+    @property
+    def resource_version(self) -> int | None:
+        return self._rv
+
+    @property
+    def resource_version_str(self) -> str | None:
+        return self._rv_str
+
+    @property
+    def next_seq(self) -> int:
+        return self._next_seq
+
+    @property
+    def oldest_seq(self) -> int:
+        return self._next_seq - self.history_len()
+
+    @property
+    def oldest_resumable_rv(self) -> int | None:
+        return self._oldest_resumable
+
+    def __len__(self) -> int:
+        return len(self._state)
+
+    def history_len(self) -> int:
+        return len(self._events) - self._head
+
+    # --- feeding ------------------------------------------------------------------------
+
+    def replace(self, items: list[Obj], list_rv: str) -> list[CachedEvent]:
+        """Apply a LIST; the first one syncs silently, later ones append the diff events."""
+        rv = parse_rv(list_rv)
+        keyed = self._keyed(items)
+        if self._rv is None:
+            self._state = keyed
+            self._set_rv(rv, list_rv)
+            self._oldest_resumable = rv
+            return []
+        if rv < self._rv:
+            raise ListRegressed(f"list resourceVersion {rv} is older than the cache's {self._rv}")
+        if rv > self._rv:
+            self._gaps.append((self._next_seq, self._rv, rv))
+        now = self._clock()
+        changed = [
+            (entry.rv, key, entry)
+            for key, entry in keyed.items()
+            if (old := self._state.get(key)) is None or old.rv != entry.rv
+        ]
+        changed.sort(key=lambda c: (c[0], c[1]))
+        gone = sorted(key for key in self._state if key not in keyed)
+        out: list[CachedEvent] = []
+        floor = self._rv
+        for obj_rv, key, entry in changed:
+            event_type = MODIFIED if key in self._state else ADDED
+            self._state[key] = entry
+            floor = max(floor, obj_rv)  # only anomalous upstream data is below the cache RV
+            out.append(self._append(event_type, floor, key, entry.obj, now, relist=True))
+        for key in gone:
+            last = self._state.pop(key)
+            obj = self._rep.with_rv(last.obj, list_rv)
+            out.append(self._append(DELETED, rv, key, obj, now, relist=True))
+        self._set_rv(rv, list_rv)
+        self._evict(now)
+        return out
+
+    def reset(self, items: list[Obj], list_rv: str) -> None:
+        """Start over from a LIST that cannot be diffed (see :class:`ListRegressed`).
+
+        Every current cursor is evicted (``events_from`` answers None: one seq is skipped
+        so that even a caught-up cursor is) and only RVs at or after ``list_rv`` are
+        resumable.
+        """
+        rv = parse_rv(list_rv)
+        self._state = self._keyed(items)
+        self._events, self._head, self._bytes = [], 0, 0
+        self._gaps = []
+        self._next_seq += 1
+        self._rv, self._rv_str = rv, list_rv
+        self._oldest_resumable = rv
+        self._bookmark_cache = None
+
+    def apply(self, event_type: str, obj: Obj) -> CachedEvent | None:
+        """An upstream ADDED/MODIFIED/DELETED; None if it is at or below the cache RV."""
+        if self._rv is None:
+            raise NotSynced("apply() before the first replace()")
+        if event_type not in _EVENT_TYPES:
+            raise ValueError(f"unexpected event type {event_type!r}")
+        obj = self._rep.prepare(obj)
+        rv_str = self._rep.object_rv(obj)
+        rv = parse_rv(rv_str)
+        if rv <= self._rv:
+            return None
+        key = self._rep.object_key(obj)
+        if event_type == DELETED:
+            self._state.pop(key, None)
+        else:  # ADDED for a known key / MODIFIED for an unknown one: upsert, keep the type
+            self._state[key] = _Entry(obj, rv)
+        now = self._clock()
+        event = self._append(event_type, rv, key, obj, now, relist=False)
+        self._set_rv(rv, rv_str)
+        self._evict(now)
+        return event
+
+    def bookmark(self, rv: str) -> None:
+        """An upstream BOOKMARK: the cache is complete up to ``rv``."""
+        if self._rv is None:
+            raise NotSynced("bookmark() before the first replace()")
+        value = parse_rv(rv)
+        if value > self._rv:
+            self._set_rv(value, rv)
+
+    def evict_expired(self) -> int:
+        """Drop events older than ``max_age``; returns how many were dropped."""
+        return self._evict(self._clock())
+
+    # --- serving ------------------------------------------------------------------------
+
+    def plan(self, rv: str | None, *, send_initial_events: bool = False) -> StartPlan:
+        """Where a subscriber asking for ``rv`` starts (see the module docstring)."""
+        if self._rv is None or self._rv_str is None:
+            raise NotSynced("plan() before the first replace()")
+        if rv in (None, "", "0") or send_initial_events:
+            if send_initial_events and rv not in (None, ""):
+                wanted = parse_rv(rv)
+                if wanted > self._rv:
+                    return StartPlan(
+                        initial=[], next_seq=self._next_seq, min_rv=wanted, wait_rv=wanted
+                    )
+            initial = self._initial_lines()
+            if send_initial_events:
+                initial.append(self.bookmark_line(initial_events_end=True))
+            return StartPlan(initial=initial, next_seq=self._next_seq, initial_rv=self._rv_str)
+        wanted = parse_rv(rv)
+        assert self._oldest_resumable is not None
+        if wanted < self._oldest_resumable or any(
+            before < wanted < after for _, before, after in self._gaps
+        ):
+            return StartPlan(initial=[], next_seq=self._next_seq, expired=True)
+        if wanted > self._rv:
+            return StartPlan(initial=[], next_seq=self._next_seq, min_rv=wanted)
+        events = self._events
+        at = bisect.bisect_right(events, wanted, lo=self._head, key=lambda e: e.rv)
+        return StartPlan(
+            initial=[], next_seq=events[at].seq if at < len(events) else self._next_seq
+        )
+
+    def events_from(self, seq: int, min_rv: int = -1) -> Sequence[CachedEvent] | None:
+        """Events with ``seq`` and later; None if that subscriber must be ended.
+
+        None when ``seq`` was evicted (the cursor is too slow), or when a relist at or after
+        ``seq`` jumped over ``min_rv`` (the plan's, for a subscriber that joined ahead of the
+        cache): its state cannot be reconciled; on re-watch it gets 410 Expired.
+        """
+        oldest = self.oldest_seq
+        if seq < oldest:
+            return None
+        if min_rv >= 0 and any(
+            seq <= at and before < min_rv < after for at, before, after in self._gaps
+        ):
+            return None
+        if seq >= self._next_seq:
+            return []
+        return self._events[self._head + seq - oldest :]
+
+    def bookmark_line(self, *, initial_events_end: bool = False) -> bytes:
+        """A BOOKMARK event at the cache RV."""
+        if self._rv_str is None:
+            raise NotSynced("bookmark_line() before the first replace()")
+        if not initial_events_end and self._bookmark_cache is not None:
+            cached_rv, line = self._bookmark_cache
+            if cached_rv == self._rv_str:
+                return line
+        obj = self._rep.bookmark_object(self._rv_str, initial_events_end=initial_events_end)
+        line = self._rep.encode_event("BOOKMARK", obj)
+        if not initial_events_end:
+            self._bookmark_cache = (self._rv_str, line)
+        return line
+
+    def expired_line(self, rv: str) -> bytes:
+        """An ERROR event with the apiserver's 410 Expired Status for a too old ``rv``."""
+        oldest = self._oldest_resumable if self._oldest_resumable is not None else 0
+        shown = str(int(rv)) if rv.isascii() and rv.isdigit() else rv
+        status = status_object(410, "Expired", f"too old resource version: {shown} ({oldest})")
+        return b'{"type":"ERROR","object":' + encode_json(status) + b"}\n"
+
+    def objects_snapshot(self) -> list[Obj]:
+        """The current objects (watch-event form; do not mutate them)."""
+        return [entry.obj for entry in self._state.values()]
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "objects": len(self._state),
+            "history_events": self.history_len(),
+            "history_bytes": self._bytes,
+            "resource_version": self._rv_str,
+            "oldest_resumable_rv": self._oldest_resumable,
+            "oldest_seq": self.oldest_seq,
+            "next_seq": self._next_seq,
+        }
+
+    # --- internals ----------------------------------------------------------------------
+
+    def _keyed(self, items: list[Obj]) -> dict[str, _Entry]:
+        keyed: dict[str, _Entry] = {}
+        for obj in items:
+            keyed[self._rep.object_key(obj)] = _Entry(obj, parse_rv(self._rep.object_rv(obj)))
+        return keyed
+
+    def _set_rv(self, rv: int, rv_str: str) -> None:
+        self._rv, self._rv_str = rv, rv_str
+
+    def _initial_lines(self) -> list[bytes]:
+        lines: list[bytes] = []
+        for entry in self._state.values():
+            if entry.added_line is None:
+                entry.added_line = self._rep.encode_event(ADDED, entry.obj)
+            lines.append(entry.added_line)
+        return lines
+
+    def _append(
+        self, event_type: str, rv: int, key: str, obj: Obj, now: float, *, relist: bool
+    ) -> CachedEvent:
+        line = self._rep.stream_line(event_type, obj)
+        event = CachedEvent(self._next_seq, event_type, rv, key, line, now, relist)
+        self._next_seq += 1
+        self._events.append(event)
+        self._bytes += len(line)
+        return event
+
+    def _evict(self, now: float) -> int:
+        events, head, evicted = self._events, self._head, 0
+        deadline = now - self._max_age
+        while head < len(events) and (
+            len(events) - head > self._capacity
+            or (events[head].time < deadline and not self._pinned(events[head]))
+        ):
+            gone = events[head]
+            head += 1
+            evicted += 1
+            self._bytes -= len(gone.line)
+            # A client at gone.rv has seen gone (and everything else at that RV).
+            if self._oldest_resumable is None or gone.rv > self._oldest_resumable:
+                self._oldest_resumable = gone.rv
+        self._head = head
+        self._compact()
+        if evicted and self._gaps:
+            oldest_seq, resumable = self.oldest_seq, self._oldest_resumable or 0
+            self._gaps = [gap for gap in self._gaps if gap[0] >= oldest_seq or gap[2] > resumable]
+        return evicted
+
+    def _pinned(self, event: CachedEvent) -> bool:
+        # The newest relist DELETEs outlive max_age: evicting them makes their RV, which is
+        # every idle client's RV, unresumable, and each of those clients would relist.
+        return event.relist and event.type == DELETED and event.rv == self._events[-1].rv
+
+    def _compact(self) -> None:
+        if self._head > 1024 and self._head * 2 > len(self._events):
+            del self._events[: self._head]
+            self._head = 0

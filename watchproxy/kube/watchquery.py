@@ -1,0 +1,297 @@
+"""The query of a list or watch request, decoded and validated the way the apiserver does it.
+
+Decoding follows apimachinery's query conversion (the first value of a repeated parameter wins;
+booleans are false only for ``0`` and ``false``), then ``ValidateListOptions`` with the WatchList
+feature enabled. Parameters the proxy does not understand are reported in
+:attr:`WatchQuery.unknown` so that the hub passes such requests through instead of serving them
+wrongly.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from watchproxy.errors import BadRequest
+from watchproxy.kube.selectors import (
+    FieldSelector,
+    LabelSelector,
+    parse_field_selector,
+    parse_label_selector,
+)
+
+ResourceVersionMatch = Literal["", "NotOlderThan", "Exact"]
+IncludeObject = Literal["None", "Object", "Metadata"]
+
+_UINT64_MAX = 2**64 - 1
+_INT64_MAX = 2**63 - 1
+_DECIMAL_RE = re.compile(r"[0-9]+", re.ASCII)
+_INT64_RE = re.compile(r"[+-]?[0-9]+", re.ASCII)
+_GO_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
+_GO_FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
+
+KNOWN_PARAMETERS: frozenset[str] = frozenset(
+    {
+        "watch",
+        "resourceVersion",
+        "resourceVersionMatch",
+        "timeoutSeconds",
+        "allowWatchBookmarks",
+        "sendInitialEvents",
+        "labelSelector",
+        "fieldSelector",
+        "limit",
+        "continue",
+        "includeObject",
+        "pretty",
+        # The apiserver's request deadline; it does not apply to watches (long-running).
+        "timeout",
+    }
+)
+
+
+class InvalidListOptions(BadRequest):
+    """Options that decode but break the apiserver's ListOptions rules: its ``422 Invalid``.
+
+    A :class:`~watchproxy.errors.BadRequest` subclass, so callers catching BadRequest still do;
+    the Status it renders is the apiserver's (code 422, reason Invalid, with causes).
+    """
+
+    code = 422
+    reason = "Invalid"
+
+    def __init__(self, causes: list[tuple[str, str, str]]) -> None:
+        """``causes`` are (Kubernetes cause type, field, message) triples."""
+        texts = [f"{field_name}: {message}" for _, field_name, message in causes]
+        shown = texts[0] if len(texts) == 1 else "[" + ", ".join(texts) + "]"
+        super().__init__(f'ListOptions.meta.k8s.io "" is invalid: {shown}')
+        self.causes = causes
+
+    def status(self) -> dict[str, Any]:
+        """The apiserver's ``422 Invalid`` Status for ListOptions, with one cause per rule."""
+        status = super().status()
+        status["details"] = {
+            "group": "meta.k8s.io",
+            "kind": "ListOptions",
+            "causes": [
+                {"reason": cause_type, "message": text, "field": field_name}
+                for cause_type, field_name, text in self.causes
+            ],
+        }
+        return status
+
+
+@dataclass(frozen=True, slots=True)
+class WatchQuery:
+    """A validated list/watch query.
+
+    Guarantees: every field holds what the apiserver would decode from the same query;
+    ``resource_version`` is the raw string (None if absent) and, when non-empty, a decimal
+    unsigned 64-bit integer; the selectors are parsed (compare or key them by ``canonical()``);
+    ``unknown`` lists, in order of first appearance, every parameter the proxy does not know or
+    cannot interpret (a request with any should be passed through unchanged).
+
+    ``timeout_seconds`` 0 means "server's choice", exactly like absent, for the apiserver.
+    ``pretty`` is None when absent or empty: the apiserver then decides from the User-Agent.
+    """
+
+    watch: bool = False
+    resource_version: str | None = None
+    resource_version_match: ResourceVersionMatch = ""
+    timeout_seconds: int | None = None
+    allow_watch_bookmarks: bool = False
+    send_initial_events: bool | None = None
+    label_selector: LabelSelector = field(default_factory=LabelSelector)
+    field_selector: FieldSelector = field(default_factory=FieldSelector)
+    limit: int | None = None
+    continue_token: str | None = None
+    include_object: IncludeObject | None = None
+    pretty: bool | None = None
+    timeout: str | None = None
+    unknown: tuple[str, ...] = ()
+
+    @property
+    def resource_version_number(self) -> int | None:
+        """The resourceVersion as a number, None if absent or empty."""
+        if not self.resource_version:
+            return None
+        return int(self.resource_version)
+
+    @property
+    def label_selector_canonical(self) -> str:
+        """The label selector's canonical string ("" for none)."""
+        return self.label_selector.canonical()
+
+    @property
+    def field_selector_canonical(self) -> str:
+        """The field selector's canonical string ("" for none)."""
+        return self.field_selector.canonical()
+
+
+def parse_watch_query(
+    query: Mapping[str, str], *, require_bookmarks_for_initial_events: bool = False
+) -> WatchQuery:
+    """Decode and validate a list or watch query (a dict, or aiohttp's ``request.query``).
+
+    For a multi-valued mapping (multidict) ``query[name]`` is the first value, which is what
+    the apiserver uses. Raises :class:`~watchproxy.errors.BadRequest` for values that do not
+    decode, and :class:`InvalidListOptions` (a BadRequest with code 422) for combinations the
+    apiserver forbids. The apiserver accepts ``sendInitialEvents`` without
+    ``allowWatchBookmarks=true``; ``require_bookmarks_for_initial_events`` refuses that.
+    """
+    unknown = tuple(dict.fromkeys(name for name in query if name not in KNOWN_PARAMETERS))
+    extra_unknown: list[str] = []
+
+    include_object = _first(query, "includeObject")
+    include: IncludeObject | None = None
+    if include_object in ("None", "Object", "Metadata"):
+        include = include_object  # type: ignore[assignment]
+    elif include_object:
+        # The apiserver checks this only for Table output: let it answer.
+        extra_unknown.append("includeObject")
+
+    match = _first(query, "resourceVersionMatch") or ""
+    result = WatchQuery(
+        watch=_apiserver_bool(_first(query, "watch"), default=False),
+        resource_version=_resource_version(_first(query, "resourceVersion")),
+        resource_version_match=match,  # type: ignore[arg-type]  # checked in _validate
+        timeout_seconds=_timeout_seconds(_first(query, "timeoutSeconds")),
+        allow_watch_bookmarks=_apiserver_bool(_first(query, "allowWatchBookmarks"), default=False),
+        send_initial_events=_optional_apiserver_bool(_first(query, "sendInitialEvents")),
+        label_selector=parse_label_selector(_first(query, "labelSelector") or ""),
+        field_selector=parse_field_selector(_first(query, "fieldSelector") or ""),
+        limit=_int64("limit", _first(query, "limit")),
+        continue_token=_first(query, "continue"),
+        include_object=include,
+        pretty=_go_parse_bool(_first(query, "pretty")),
+        timeout=_first(query, "timeout"),
+        unknown=unknown + tuple(extra_unknown),
+    )
+    _validate(result, require_bookmarks_for_initial_events)
+    return result
+
+
+def _first(query: Mapping[str, str], name: str) -> str | None:
+    return query.get(name)  # a multidict gives the first value, as the apiserver takes
+
+
+def _apiserver_bool(value: str | None, *, default: bool) -> bool:
+    """apimachinery ``Convert_Slice_string_To_bool``: only "0" and "false" (any case) are
+    false; any other value, including "", is true."""
+    if value is None:
+        return default
+    return not (value == "0" or value.lower() == "false")
+
+
+def _optional_apiserver_bool(value: str | None) -> bool | None:
+    return None if value is None else _apiserver_bool(value, default=False)
+
+
+def _go_parse_bool(value: str | None) -> bool | None:
+    """Go ``strconv.ParseBool`` with errors read as false, as the apiserver reads ``pretty``."""
+    if not value:
+        return None
+    return value in _GO_TRUE
+
+
+def _resource_version(value: str | None) -> str | None:
+    if value is None or value == "":
+        return value
+    if not _DECIMAL_RE.fullmatch(value) or int(value) > _UINT64_MAX:
+        raise BadRequest(
+            f'invalid resourceVersion {_shown(value)}: must be empty, "0", '
+            "or a decimal unsigned 64-bit integer"
+        )
+    return value
+
+
+def _timeout_seconds(value: str | None) -> int | None:
+    number = _int64("timeoutSeconds", value)
+    if number is not None and number < 0:
+        raise BadRequest(f"invalid timeoutSeconds {_shown(value)}: must not be negative")
+    return number
+
+
+def _int64(name: str, value: str | None) -> int | None:
+    """Go ``strconv.ParseInt(value, 10, 64)``, as apimachinery decodes integer parameters."""
+    if value is None:
+        return None
+    if not _INT64_RE.fullmatch(value) or not -_INT64_MAX - 1 <= int(value) <= _INT64_MAX:
+        raise BadRequest(f"invalid {name} {_shown(value)}: must be a 64-bit integer")
+    return int(value)
+
+
+def _shown(value: str | None) -> str:
+    text = value or ""
+    return repr(text if len(text) <= 100 else text[:100] + "...")
+
+
+def _validate(q: WatchQuery, require_bookmarks_for_initial_events: bool) -> None:
+    """apiserver ``ValidateListOptions`` (WatchList enabled), same checks in the same order."""
+    causes: list[tuple[str, str, str]] = []
+    match = q.resource_version_match
+
+    def forbidden(field_name: str, message: str) -> None:
+        causes.append(("FieldValueForbidden", field_name, f"Forbidden: {message}"))
+
+    def not_supported(supported: tuple[str, ...]) -> None:
+        listed = ", ".join(f'"{value}"' for value in supported)
+        causes.append(
+            (
+                "FieldValueNotSupported",
+                "resourceVersionMatch",
+                f'Unsupported value: "{match}": supported values: {listed}',
+            )
+        )
+
+    if q.watch:
+        if q.send_initial_events is not None:
+            if match != "NotOlderThan":
+                forbidden(
+                    "resourceVersionMatch",
+                    "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
+                )
+            if require_bookmarks_for_initial_events and not q.allow_watch_bookmarks:
+                forbidden(
+                    "allowWatchBookmarks",
+                    "sendInitialEvents requires setting allowWatchBookmarks to true",
+                )
+        if match:
+            if q.send_initial_events is None:
+                forbidden(
+                    "resourceVersionMatch",
+                    "resourceVersionMatch is forbidden for watch unless sendInitialEvents "
+                    "is provided",
+                )
+            if match != "NotOlderThan":
+                not_supported(("NotOlderThan",))
+            if q.continue_token:
+                forbidden(
+                    "resourceVersionMatch",
+                    "resourceVersionMatch is forbidden when continue is provided",
+                )
+    else:
+        if match:
+            if not q.resource_version:
+                forbidden(
+                    "resourceVersionMatch",
+                    "resourceVersionMatch is forbidden unless resourceVersion is provided",
+                )
+            if q.continue_token:
+                forbidden(
+                    "resourceVersionMatch",
+                    "resourceVersionMatch is forbidden when continue is provided",
+                )
+            if match not in ("Exact", "NotOlderThan"):
+                not_supported(("Exact", "NotOlderThan", ""))
+            if match == "Exact" and q.resource_version == "0":
+                forbidden(
+                    "resourceVersionMatch",
+                    'resourceVersionMatch "exact" is forbidden for resourceVersion "0"',
+                )
+        if q.send_initial_events is not None:
+            forbidden("sendInitialEvents", "sendInitialEvents is forbidden for list")
+    if causes:
+        raise InvalidListOptions(causes)

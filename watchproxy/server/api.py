@@ -1,0 +1,181 @@
+"""The API port: what clients' KUBECONFIG points at. Routes each request to the hub or through.
+
+Every error is turned into a Kubernetes ``Status`` response here, at the edge.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+from aiohttp import web
+
+from watchproxy.errors import BadRequest, ProxyError, TooManyRequests
+from watchproxy.kube.apipath import ApiPath, parse_api_path
+from watchproxy.kube.watchquery import WatchQuery, parse_watch_query
+from watchproxy.metrics import Metrics
+from watchproxy.policy.access import AccessPolicy, HostNotAllowed, host_allowed
+from watchproxy.server.listener import ConnectionGuard
+from watchproxy.server.passthrough import Forwarder
+from watchproxy.server.upgrade import WebSocketRelay
+
+log = logging.getLogger("watchproxy.server")
+
+UPGRADE_SUBRESOURCES = frozenset({"exec", "attach", "portforward"})
+
+
+class WatchServer(Protocol):
+    """The hub, as the server sees it: serve a watch, or return None to pass it through."""
+
+    async def serve(
+        self, request: web.Request, api_path: ApiPath, query: WatchQuery
+    ) -> web.StreamResponse | None: ...
+
+    def serve_list(
+        self, request: web.Request, api_path: ApiPath, query: WatchQuery
+    ) -> web.Response | None: ...
+
+
+def status_response(error: ProxyError) -> web.Response:
+    response = web.Response(
+        status=error.code, body=json.dumps(error.status()).encode(), content_type="application/json"
+    )
+    if error.retry_after is not None:
+        response.headers["Retry-After"] = str(max(1, round(error.retry_after)))
+    return response
+
+
+def verb_of(method: str, api_path: ApiPath, watch: bool) -> str:
+    """The Kubernetes verb of a request, as the apiserver's audit and metrics name it."""
+    if api_path.kind in ("discovery", "other") or api_path.resource is None:
+        return "get" if method in ("GET", "HEAD") else method.lower()
+    if api_path.subresource in UPGRADE_SUBRESOURCES or api_path.subresource == "proxy":
+        return "connect"
+    if method in ("GET", "HEAD"):
+        if watch or api_path.legacy_watch:
+            return "watch"
+        return "list" if api_path.is_collection else "get"
+    if method == "DELETE":
+        return "deletecollection" if api_path.is_collection else "delete"
+    return {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(method, method.lower())
+
+
+def is_streaming(verb: str, api_path: ApiPath, raw_query: str) -> bool:
+    if verb == "watch":
+        return True
+    return api_path.subresource == "log" and "follow=true" in raw_query
+
+
+class ApiHandler:
+    """The catch-all handler of the API port."""
+
+    def __init__(
+        self,
+        *,
+        forwarder: Forwarder,
+        metrics: Metrics,
+        policy: AccessPolicy,
+        allowed_hosts: tuple[str, ...],
+        hub: WatchServer | None = None,
+        client_limit: Callable[[str], float] | None = None,
+        guard: ConnectionGuard | None = None,
+        relay: WebSocketRelay | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.guard = guard
+        self.relay = relay
+        self.forwarder = forwarder
+        self.metrics = metrics
+        self.policy = policy
+        self.allowed_hosts = allowed_hosts
+        self.hub = hub
+        self.client_limit = client_limit
+        self._clock = clock
+
+    async def __call__(self, request: web.Request) -> web.StreamResponse:
+        started = self._clock()
+        verb = "unknown"
+        kind = "request"
+        gauge = self.metrics.in_flight.labels(kind)
+        gauge.inc()
+        if self.guard is not None:
+            self.guard.request_started(request.transport)
+        response: web.StreamResponse
+        try:
+            verb, response = await self._handle(request)
+        except ProxyError as error:
+            if isinstance(error, HostNotAllowed):
+                self.metrics.rejected.labels("host").inc()
+                log.warning("refused Host %r from %s", request.host, request.remote)
+            response = status_response(error)
+        finally:
+            gauge.dec()
+            if self.guard is not None:
+                self.guard.request_finished(request.transport)
+        self.metrics.requests.labels(verb, str(response.status)).inc()
+        self.metrics.request_duration.labels(verb).observe(self._clock() - started)
+        return response
+
+    async def _handle(self, request: web.Request) -> tuple[str, web.StreamResponse]:
+        if not host_allowed(request.headers.get("Host"), self.allowed_hosts):
+            raise HostNotAllowed(f"Host {request.headers.get('Host')!r} is not allowed")
+        raw_path, _, raw_query = request.raw_path.partition("?")
+        try:
+            api_path = parse_api_path(raw_path)
+        except BadRequest:
+            self.metrics.rejected.labels("path").inc()
+            log.warning("refused non-canonical path %r from %s", raw_path[:200], request.remote)
+            raise
+        query: WatchQuery | None = None
+        if api_path.resource is not None:
+            query = parse_watch_query(request.rel_url.query)
+        watch = bool(query and query.watch)
+        verb = verb_of(request.method, api_path, watch)
+        self.policy.check(request.method, raw_path)
+        if request.headers.get("Upgrade") or api_path.subresource in UPGRADE_SUBRESOURCES:
+            if self.relay is None or api_path.subresource not in UPGRADE_SUBRESOURCES:
+                raise BadRequest(f"watchproxy does not relay upgrades on {raw_path}")
+            upgrades = self.metrics.in_flight.labels("stream")
+            upgrades.inc()
+            try:
+                return verb, await self.relay.relay(request)
+            finally:
+                upgrades.dec()
+        if verb in ("watch", "list") and self.client_limit is not None:
+            wait = self.client_limit(request.remote or "")
+            if wait > 0:
+                self.metrics.throttled.labels("client").inc()
+                raise TooManyRequests(
+                    f"client {request.remote} exceeds its {verb} rate limit", retry_after=wait
+                )
+        if verb == "list" and self.hub is not None and query is not None:
+            cached = self.hub.serve_list(request, api_path, query)
+            if cached is not None:
+                return verb, cached
+        if verb == "watch" and self.hub is not None and query is not None:
+            served = await self.hub.serve(request, api_path, query)
+            if served is not None:
+                return verb, served
+        streaming = is_streaming(verb, api_path, raw_query)
+        gauge = self.metrics.in_flight.labels("stream") if streaming else None
+        if gauge is not None:
+            gauge.inc()
+        try:
+            return verb, await self.forwarder.forward(request, verb=verb, streaming=streaming)
+        finally:
+            if gauge is not None:
+                gauge.dec()
+
+
+def build_api_app(
+    handler: Callable[[web.Request], Awaitable[web.StreamResponse]], *, max_body_bytes: int
+) -> web.Application:
+    async def handle(request: web.Request) -> web.StreamResponse:
+        return await handler(request)
+
+    app = web.Application(client_max_size=max_body_bytes)
+    app.router.add_route("*", "/{tail:.*}", handle)
+    return app

@@ -1,0 +1,105 @@
+"""Forward one client request to the apiserver and stream the answer back unchanged."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import aiohttp
+from aiohttp import web
+
+from watchproxy.errors import PayloadTooLarge
+from watchproxy.kube.headers import forwarded_credential, request_headers, response_headers
+from watchproxy.upstream.client import Upstream
+
+log = logging.getLogger("watchproxy.passthrough")
+
+
+async def read_body(request: web.Request, limit: int) -> bytes | None:
+    """The whole request body, refusing more than ``limit`` bytes with a 413."""
+    if not request.body_exists:
+        return None
+    if request.content_length is not None and request.content_length > limit:
+        raise PayloadTooLarge(f"request body of {request.content_length} bytes exceeds {limit}")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"request body exceeds {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+class Forwarder:
+    """Pass-through of everything the hub does not serve itself."""
+
+    def __init__(self, upstream: Upstream, *, max_body_bytes: int, forward_identity: bool) -> None:
+        self.upstream = upstream
+        self.max_body_bytes = max_body_bytes
+        self.forward_identity = forward_identity
+        self._streams: set[aiohttp.ClientResponse] = set()
+
+    def close_streams(self) -> None:
+        """At shutdown: end every relayed stream; each client sees a clean end of stream."""
+        for response in list(self._streams):
+            response.close()
+
+    async def forward(
+        self, request: web.Request, *, verb: str, streaming: bool
+    ) -> web.StreamResponse:
+        body = await read_body(request, self.max_body_bytes)
+        headers = request_headers(request.headers, forward_identity=self.forward_identity)
+        forwarded_auth = forwarded_credential(request.headers, self.forward_identity)
+        # raw_path is exactly what was checked by the path parser: forward those bytes.
+        upstream_response = await self.upstream.open(
+            request.method,
+            request.raw_path,
+            headers=headers,
+            body=body,
+            verb=verb,
+            streaming=streaming,
+            read_timeout=None,
+            wait=False,
+            forwarded_auth=forwarded_auth,
+        )
+        if streaming:
+            self._streams.add(upstream_response)
+        try:
+            return await self._relay(request, upstream_response, streaming=streaming)
+        finally:
+            self._streams.discard(upstream_response)
+            upstream_response.close()
+
+    async def _relay(
+        self, request: web.Request, upstream: aiohttp.ClientResponse, *, streaming: bool
+    ) -> web.StreamResponse:
+        chunked = upstream.headers.get("Transfer-Encoding", "").lower() == "chunked"
+        keep_length = not chunked and "Content-Length" in upstream.headers
+        response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+        response.headers.extend(response_headers(upstream.headers, keep_length=keep_length))
+        if not keep_length and request.method != "HEAD":
+            response.enable_chunked_encoding()
+        await response.prepare(request)
+        chunks = upstream.content.iter_any()
+        while True:
+            try:
+                chunk = await chunks.__anext__()
+            except StopAsyncIteration:
+                break
+            except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError):
+                # The upstream broke mid-body. A stream gets a clean end (the client asks
+                # again); a fixed-length body cannot be completed, so cut the connection.
+                log.info("upstream stream ended early: %s %s", request.method, request.path)
+                if keep_length:
+                    if request.transport is not None:
+                        request.transport.close()
+                    return response
+                break
+            try:
+                await response.write(chunk)
+            except (ConnectionError, aiohttp.ClientConnectionResetError):
+                return response  # the client left; nothing more to say to it
+        with contextlib.suppress(ConnectionError, aiohttp.ClientConnectionResetError):
+            await response.write_eof()
+        return response

@@ -1,0 +1,2 @@
+"""The one way out to the apiserver: connection dialing, the authenticated client with its
+rate limiter, and the connectivity prober that decides when the upstream is down."""

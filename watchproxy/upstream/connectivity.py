@@ -1,0 +1,134 @@
+"""Is the apiserver reachable? One prober per proxy, on the backoff schedule while it is not.
+
+While the upstream is down, the prober is the only thing that contacts it: shared watches
+wait for :meth:`Connectivity.wait_up` and ordinary requests fail fast with 503, so the number
+of upstream attempts follows one backoff schedule however many clients wait or retry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+
+from watchproxy.metrics import Metrics
+from watchproxy.policy.backoff import Backoff, BackoffPolicy
+
+log = logging.getLogger("watchproxy.connectivity")
+
+Probe = Callable[[], Awaitable[bool]]
+
+
+class Connectivity:
+    """Up/down state of the upstream with a single owned prober task."""
+
+    def __init__(
+        self,
+        probe: Probe,
+        policy: BackoffPolicy,
+        metrics: Metrics,
+        *,
+        idle_probe_interval: float = 30.0,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._probe = probe
+        self._metrics = metrics
+        self._clock = clock
+        self._idle_interval = idle_probe_interval
+        self.backoff = Backoff(policy, rng or random.Random(), clock)
+        self._up = asyncio.Event()
+        self._down = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.next_probe_at: float | None = None
+        self.last_ok: float | None = None
+        self.last_error: str | None = None
+        self.attempts = 0
+
+    @property
+    def up(self) -> bool:
+        return self._up.is_set()
+
+    @property
+    def down(self) -> bool:
+        """Known to be unreachable (False before the first answer or failure)."""
+        return self._down.is_set()
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="watchproxy-connectivity")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def report_ok(self) -> None:
+        """Any HTTP answer from upstream proves it is reachable."""
+        self.last_ok = self._clock()
+        if not self._up.is_set():
+            log.info("upstream is reachable")
+            self.backoff.success()
+        self._up.set()
+        self._down.clear()
+        self._metrics.upstream_up.set(1)
+
+    def report_unreachable(self, reason: str | None = None) -> None:
+        if reason:
+            self.last_error = reason
+        if self._up.is_set() or not self._down.is_set():
+            log.warning(
+                "upstream is unreachable (%s); probing on the backoff schedule",
+                self.last_error or "no answer",
+            )
+        self._up.clear()
+        self._down.set()
+        self._metrics.upstream_up.set(0)
+
+    def retry_after(self) -> float:
+        """Seconds until the next probe: what a client told to come back later should wait."""
+        if self.next_probe_at is None:
+            return 1.0
+        return max(1.0, self.next_probe_at - self._clock())
+
+    async def wait_up(self) -> None:
+        await self._up.wait()
+
+    async def _run(self) -> None:
+        await self._attempt()
+        while True:
+            if self._up.is_set():
+                # Healthy: probe only when nothing else has talked to upstream for a while,
+                # so /readyz stays truthful on an idle proxy.
+                try:
+                    await asyncio.wait_for(self._down.wait(), self._idle_interval)
+                except TimeoutError:
+                    if self.last_ok is None or self._clock() - self.last_ok >= self._idle_interval:
+                        await self._attempt()
+                continue
+            delay = self.backoff.failure()
+            self._metrics.backoff_delay.set(delay)
+            self.next_probe_at = self._clock() + delay
+            await asyncio.sleep(delay)
+            self._metrics.backoff_seconds.inc(delay)
+            self.next_probe_at = None
+            await self._attempt()
+        # not reached
+
+    async def _attempt(self) -> None:
+        self.attempts += 1
+        ok = False
+        try:
+            ok = await self._probe()
+        except Exception:
+            log.debug("upstream probe failed", exc_info=True)
+        if ok:
+            self._metrics.backoff_delay.set(0)
+            self.report_ok()
+        else:
+            self.report_unreachable()
