@@ -1,4 +1,11 @@
-"""Named errors and the Kubernetes ``metav1.Status`` bodies they turn into at the edge."""
+"""Named errors and the Kubernetes ``metav1.Status`` bodies they turn into at the edge.
+
+Every failure the proxy distinguishes for a client is a :class:`ProxyError` subclass raised where
+it is detected and turned into a Status once, by the server's handlers (``status_response``);
+aiohttp's client errors are mapped to these once, at the upstream boundary
+(``watchproxy.upstream.client``). A 410 for a too-old resourceVersion is not an exception: it is
+an in-stream ERROR event that the hub writes (``hub.watchcache``).
+"""
 
 from __future__ import annotations
 
@@ -54,11 +61,6 @@ class Forbidden(ProxyError):
     reason = "Forbidden"
 
 
-class NotFound(ProxyError):
-    code = 404
-    reason = "NotFound"
-
-
 class PayloadTooLarge(ProxyError):
     code = 413
     reason = "RequestEntityTooLarge"
@@ -82,9 +84,3 @@ class UpstreamTimeout(ProxyError):
     code = 504
     reason = "Timeout"
 
-
-class Expired(ProxyError):
-    """A resourceVersion older than the history window (the watch answer is in-stream)."""
-
-    code = 410
-    reason = "Expired"

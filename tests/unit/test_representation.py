@@ -9,13 +9,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from watchproxy.kube.negotiation import representation_for
 from watchproxy.kube.representation import (
     INITIAL_EVENTS_END_ANNOTATION,
     JsonRepresentation,
     PartialMetadataRepresentation,
     Representation,
     TableRepresentation,
-    representation_for,
 )
 
 KUBECTL_GET_W = (

@@ -20,11 +20,11 @@ from watchproxy.hub.watchcache import (
     WatchCache,
     parse_rv,
 )
+from watchproxy.kube.negotiation import representation_for
 from watchproxy.kube.representation import (
     INITIAL_EVENTS_END_ANNOTATION,
     JsonRepresentation,
     TableRepresentation,
-    representation_for,
 )
 
 Obj = dict[str, Any]

@@ -6,7 +6,8 @@ import hashlib
 from dataclasses import dataclass
 
 from watchproxy.kube.apipath import ApiPath
-from watchproxy.kube.representation import Representation, representation_for
+from watchproxy.kube.negotiation import representation_for
+from watchproxy.kube.representation import Representation
 from watchproxy.kube.watchquery import WatchQuery
 
 
