@@ -83,4 +83,3 @@ class UpstreamUnavailable(ProxyError):
 class UpstreamTimeout(ProxyError):
     code = 504
     reason = "Timeout"
-
