@@ -1,4 +1,4 @@
-"""Command line: ``watchproxy [run]``, ``watchproxy kubeconfig``.
+"""Command line: ``watchproxy [run]``, ``watchproxy kubeconfig``, ``watchproxy inject``.
 
 The demo (``watchproxy-demo``) lives with the fake apiserver in ``kubefake.demo`` and reuses the
 config flags and loop set-up from here; the product never imports the fake."""
@@ -61,7 +61,37 @@ def parser() -> argparse.ArgumentParser:
     kubeconfig.add_argument("--listen-port", type=int, default=None)
     kubeconfig.add_argument("--namespace", default=None)
     kubeconfig.add_argument("--context-name", default="watchproxy")
+    inject = sub.add_parser("inject", help="add the watchproxy sidecar to workload manifests")
+    inject.add_argument("-f", "--filename", required=True, help="YAML or JSON file, - for stdin")
+    inject.add_argument("--image", default=None, help="sidecar image (default: watchproxy:VERSION)")
     return top
+
+
+def run_inject(args: argparse.Namespace) -> int:
+    """Read manifests, write them back with the sidecar added; bad input is one line, exit 2."""
+    from watchproxy import inject
+
+    source = "stdin" if args.filename == "-" else args.filename
+    try:
+        if args.filename == "-":
+            text = sys.stdin.read()
+        else:
+            with open(args.filename, encoding="utf-8") as handle:
+                text = handle.read()
+        docs = inject.inject_documents(
+            inject.parse_manifests(text, source), args.image or inject.DEFAULT_IMAGE
+        )
+    except OSError as error:
+        print(f"watchproxy: inject: cannot read {source}: {error.strerror}", file=sys.stderr)
+        return 2
+    except UnicodeDecodeError:
+        print(f"watchproxy: inject: {source} is not UTF-8 text", file=sys.stderr)
+        return 2
+    except inject.InjectError as error:
+        print(f"watchproxy: inject: {error}", file=sys.stderr)
+        return 2
+    sys.stdout.write(inject.dump_manifests(docs))
+    return 0
 
 
 def load_config(args: argparse.Namespace, env: Mapping[str, str]) -> Config:
@@ -120,6 +150,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv.insert(0, "run")
     args = parser().parse_args(argv)
     env = dict(os.environ)
+    if args.command == "inject":
+        return run_inject(args)
     if args.command == "kubeconfig":
         from watchproxy.kube.kubeconfig import render_kubeconfig
 

@@ -32,6 +32,7 @@ from watchproxy.kube.kubeconfig import render_kubeconfig
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
+HELM_DIR = DEPLOY / "helm"
 DOCKERFILE = REPO / "Dockerfile"
 DOCKERIGNORE = REPO / ".dockerignore"
 
@@ -46,7 +47,13 @@ KUSTOMIZATIONS = sorted(p.parent for p in DEPLOY.rglob("kustomization.yaml"))
 WORKLOAD_OVERLAYS = ["sidecar-native", "sidecar-classic", "node-local"]
 SIDECAR_OVERLAYS = ["sidecar-native", "sidecar-classic"]
 # Kinds without a schema in kubernetes_validate (CRDs); checked by their own tests below.
-CRD_KINDS = {("monitoring.coreos.com/v1", "PodMonitor")}
+CRD_KINDS = {
+    ("monitoring.coreos.com/v1", "PodMonitor"),
+    ("monitoring.coreos.com/v1", "PrometheusRule"),
+}
+# The sidecar's and the node-local pod's port names (unique in any pod the component touches).
+API_PORT = "wp-api"
+ADMIN_PORT = "wp-admin"
 
 KUBECTL = shutil.which("kubectl")
 needs_kubectl = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not on PATH")
@@ -111,6 +118,8 @@ def file_references(directory: Path) -> Iterator[tuple[str, Path]]:
     data = kustomization(directory)
     for entry in data.get("resources", []):
         yield "resource", (directory / entry).resolve()
+    for entry in data.get("components", []):
+        yield "component", (directory / entry).resolve()
     for patch in data.get("patches", []):
         if "path" in patch:
             yield "patch", (directory / patch["path"]).resolve()
@@ -367,10 +376,13 @@ def test_every_yaml_under_deploy_belongs_to_a_kustomization() -> None:
     referenced = {path for d in KUSTOMIZATIONS for _, path in file_references(d)}
     missing = sorted(rel(p) for p in referenced if not p.is_file() and not p.is_dir())
     assert not missing, f"kustomizations name files that do not exist: {missing}"
+    # The Helm chart is rendered and checked by test_helm_chart.py.
     orphans = sorted(
         rel(p)
         for p in DEPLOY.rglob("*.yaml")
-        if p.name != "kustomization.yaml" and p.resolve() not in referenced
+        if p.name != "kustomization.yaml"
+        and p.resolve() not in referenced
+        and HELM_DIR not in p.parents
     )
     assert not orphans, f"YAML under deploy/ that no kustomization uses (never applied): {orphans}"
 
@@ -590,15 +602,15 @@ def test_container_ports_are_the_exposed_ports(name: str) -> None:
     exposed = {int(p) for a in dockerfile().final.all("EXPOSE") for p in a.split()}
     assert set(ports.values()) == exposed
     config = watchproxy_config(overlay(name))
-    assert ports["api"] == config.get("listen", {}).get("port", 8001)
-    assert ports["admin"] == config.get("admin", {}).get("port", 8081)
+    assert ports[API_PORT] == config.get("listen", {}).get("port", 8001)
+    assert ports[ADMIN_PORT] == config.get("admin", {}).get("port", 8081)
 
 
 @needs_kubectl
 @pytest.mark.parametrize("name", WORKLOAD_OVERLAYS)
 def test_probes_hit_the_admin_port(name: str) -> None:
     container = watchproxy_container(pod_spec(overlay(name)))
-    admin = port_number(container, "admin")
+    admin = port_number(container, ADMIN_PORT)
     expected_readiness = "/healthz" if name == "node-local" else "/readyz"
     expected = {
         "startupProbe": "/healthz",
@@ -616,7 +628,7 @@ def test_probes_hit_the_admin_port(name: str) -> None:
 def test_prometheus_annotations_point_at_metrics_on_the_admin_port(name: str) -> None:
     objects = overlay(name)
     annotations = workload(objects)["spec"]["template"]["metadata"]["annotations"]
-    admin = port_number(watchproxy_container(pod_spec(objects)), "admin")
+    admin = port_number(watchproxy_container(pod_spec(objects)), ADMIN_PORT)
     assert annotations["prometheus.io/scrape"] == "true"
     assert annotations["prometheus.io/port"] == str(admin)
     assert annotations["prometheus.io/path"] == "/metrics"
@@ -679,9 +691,9 @@ def test_app_kubeconfig_is_what_render_kubeconfig_prints(name: str) -> None:
         env = {e["name"]: e.get("value") for e in app.get("env", [])}
         content = configmap_file(objects, app, env["KUBECONFIG"])
         assert content == render_kubeconfig(f"http://{host}:{port}"), (
-            "regenerate deploy/base/kubeconfig with: python -c 'import sys; from "
+            "regenerate deploy/components/sidecar/kubeconfig with: python -c 'import sys; from "
             "watchproxy.kube.kubeconfig import render_kubeconfig as r; sys.stdout.write(r())'"
-            " > deploy/base/kubeconfig"
+            " > deploy/components/sidecar/kubeconfig"
         )
 
 
@@ -755,7 +767,7 @@ def test_classic_sidecar_is_the_first_container_and_holds_the_app_until_it_answe
     assert first["name"] == "watchproxy"
     assert "restartPolicy" not in first
     hook = " ".join(first["lifecycle"]["postStart"]["exec"]["command"])
-    admin = port_number(first, "admin")
+    admin = port_number(first, ADMIN_PORT)
     assert f"127.0.0.1:{admin}/healthz" in hook
     compile(first["lifecycle"]["postStart"]["exec"]["command"][2], "postStart", "exec")
     assert first["lifecycle"]["preStop"]["exec"]["command"][0] == "sleep"
@@ -785,7 +797,7 @@ def test_node_local_service_keeps_clients_on_their_own_node() -> None:
     assert service["spec"]["selector"].items() <= pod_labels.items()
     container = watchproxy_container(pod_spec(objects))
     (port,) = service["spec"]["ports"]
-    assert port_number(container, port["targetPort"]) == port_number(container, "api")
+    assert port_number(container, port["targetPort"]) == port_number(container, API_PORT)
     strategy = workload(objects)["spec"]["updateStrategy"]["rollingUpdate"]
     assert strategy == {"maxSurge": 1, "maxUnavailable": 0}
 
@@ -810,7 +822,7 @@ def test_node_local_network_policy_guards_the_api_port() -> None:
     assert "Ingress" in policy["spec"]["policyTypes"]
     for rule in policy["spec"]["ingress"]:
         ports = {p["port"] for p in rule["ports"]}
-        if "api" in ports or 8001 in ports:
+        if API_PORT in ports or 8001 in ports:
             assert rule.get("from"), "the API port must not be open to every pod"
 
 
@@ -880,7 +892,7 @@ def test_podmonitor_selects_every_watchproxy_pod_by_its_admin_port(name: str) ->
     assert selector_matches(monitor["spec"]["selector"], labels)
     endpoint = monitor["spec"]["podMetricsEndpoints"][0]
     container = watchproxy_container(pod_spec(objects))
-    assert port_number(container, endpoint["port"]) == port_number(container, "admin")
+    assert port_number(container, endpoint["port"]) == port_number(container, ADMIN_PORT)
 
 
 # --------------------------------------------------------------------------------------------
@@ -897,7 +909,7 @@ def test_docs_name_every_overlay() -> None:
 @pytest.mark.parametrize(
     ("shipped", "args"),
     [
-        ("base/kubeconfig", []),
+        ("components/sidecar/kubeconfig", []),
         (
             "overlays/node-local/tenant-kubeconfig",
             ["--server", "http://watchproxy.watchproxy-system.svc:8001"],
