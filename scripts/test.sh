@@ -7,6 +7,8 @@ if ! command -v kubectl >/dev/null 2>&1; then
     echo "kubectl not found: the client-go tests need it (apt-get install kubectl, or put it on PATH)" >&2
     exit 1
 fi
+# helm and promtool for the deploy tests (tests/deploy/tools.py fails when these are set but broken).
+source scripts/tools.sh
 .venv/bin/ruff check watchproxy kubefake tests bench
 .venv/bin/ruff format --check watchproxy kubefake tests bench
 .venv/bin/mypy
