@@ -20,7 +20,7 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
 RUN python -m venv /opt/venv
 
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY watchproxy/ ./watchproxy/
 RUN /opt/venv/bin/pip install --no-cache-dir --only-binary=:all: . \
     && /opt/venv/bin/pip uninstall --yes pip setuptools \
