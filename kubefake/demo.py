@@ -9,12 +9,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import math
 import os
 import sys
 import tempfile
 from collections.abc import Awaitable, Callable, Sequence
 
-from watchproxy.cli import add_config_flags, install_loop, load_config, wait_for_signal
+from watchproxy.cli import (
+    OneLineParser,
+    add_config_flags,
+    install_loop,
+    load_config,
+    wait_for_signal,
+)
 from watchproxy.config import Config, ConfigError
 from watchproxy.kube.credentials import from_kubeconfig
 from watchproxy.logs import setup_logging
@@ -61,13 +68,23 @@ async def run_demo(config: Config, *, rate: float, wait: Callable[[], Awaitable[
             await proxy.stop()
 
 
+def positive_rate(text: str) -> float:
+    try:
+        rate = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not (rate > 0 and math.isfinite(rate)):
+        raise argparse.ArgumentTypeError(f"must be a number > 0 (events per second), got {text}")
+    return rate
+
+
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(
+    top = OneLineParser(
         prog="watchproxy-demo",
         description="watchproxy in front of an embedded fake apiserver with churning pods.",
     )
     add_config_flags(top)
-    top.add_argument("--rate", type=float, default=5.0, help="pod events per second")
+    top.add_argument("--rate", type=positive_rate, default=5.0, help="pod events per second")
     return top
 
 

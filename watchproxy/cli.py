@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import signal
 import sys
 from collections.abc import Mapping, Sequence
+from typing import NoReturn
 
 from watchproxy import __version__
 from watchproxy.config import Config, ConfigError, build_config, load_file, read_env
@@ -27,6 +29,13 @@ FLAG_KEYS = {
     "context": "upstream.context",
     "log_level": "logging.level",
 }
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, except that a bad argument is one line (no usage block) and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
@@ -48,7 +57,7 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(
+    top = OneLineParser(
         prog="watchproxy",
         description="Sidecar proxy for the Kubernetes API: shared watches, rate limits, backoff.",
     )
@@ -141,7 +150,14 @@ async def run_proxy(config: Config, env: Mapping[str, str]) -> None:
         reload_seconds=config.upstream.token_reload_seconds,
     )
     proxy = Proxy(config, target)
-    await proxy.start()
+    try:
+        await proxy.start()
+    except BaseException:
+        # End what did start (the upstream session, the prober) without logging about it:
+        # main() reports the cause in one line.
+        logging.getLogger("watchproxy").setLevel(logging.WARNING)
+        await proxy.stop()
+        raise
     try:
         await wait_for_signal()
     finally:
@@ -157,10 +173,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "kubeconfig":
         from watchproxy.kube.kubeconfig import render_kubeconfig
 
-        server = args.server or f"http://127.0.0.1:{args.listen_port or 8001}"
-        sys.stdout.write(
-            render_kubeconfig(server, namespace=args.namespace, context_name=args.context_name)
-        )
+        port = 8001 if args.listen_port is None else args.listen_port
+        try:
+            if not 1 <= port <= 65535:
+                raise ValueError(f"--listen-port: must be a port number 1-65535, got {port}")
+            text = render_kubeconfig(
+                args.server or f"http://127.0.0.1:{port}",
+                namespace=args.namespace,
+                context_name=args.context_name,
+            )
+        except ValueError as error:
+            print(f"watchproxy kubeconfig: {error}", file=sys.stderr)
+            return 2
+        sys.stdout.write(text)
         return 0
     if args.command == "check-config":
         return check_config(args, env)
@@ -177,6 +202,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"watchproxy: {error}", file=sys.stderr)
         return 2
     except OSError as error:
-        print(f"watchproxy: cannot start: {error}", file=sys.stderr)
-        return 1
+        print(f"watchproxy: {error.strerror or error}", file=sys.stderr)
+        return 2
     return 0

@@ -189,45 +189,81 @@ def from_kubeconfig(
 
     tempdir: tempfile.TemporaryDirectory[str] | None = None
 
-    def materialize(data_b64: str, filename: str) -> str:
+    def materialize(data_b64: str, filename: str, what: str) -> str:
         nonlocal tempdir
+        try:
+            data = base64.b64decode(data_b64)
+        except ValueError:
+            if tempdir is not None:
+                tempdir.cleanup()
+            raise CredentialsError(f"kubeconfig {path}: {what}: not valid base64") from None
         if tempdir is None:
             tempdir = tempfile.TemporaryDirectory(prefix="watchproxy-")
         target = os.path.join(tempdir.name, filename)
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as handle:
-            handle.write(base64.b64decode(data_b64))
+            handle.write(data)
         return target
+
+    def load(what: str, file: str, action: Callable[[], None]) -> None:
+        """Run one TLS loading step; a failure names the kubeconfig field and its file."""
+        try:
+            action()
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+        except (ssl.SSLError, ValueError) as exc:
+            reason = getattr(exc, "reason", None) or str(exc)
+        else:
+            return
+        if tempdir is not None:
+            tempdir.cleanup()
+        raise CredentialsError(f"kubeconfig {path}: {what} {file}: {reason}")
+
+    def readable(file: str) -> None:
+        with open(file, "rb"):
+            pass
 
     context_ssl: ssl.SSLContext | None = None
     if server.startswith("https://"):
         context_ssl = ssl.create_default_context()
-        try:
-            if cluster.get("certificate-authority-data"):
-                context_ssl.load_verify_locations(
-                    cadata=base64.b64decode(cluster["certificate-authority-data"]).decode()
-                )
-            elif cluster.get("certificate-authority"):
-                context_ssl.load_verify_locations(
-                    cafile=_resolve(base_dir, cluster["certificate-authority"])
-                )
-            if cluster.get("insecure-skip-tls-verify"):
-                context_ssl.check_hostname = False
-                context_ssl.verify_mode = ssl.CERT_NONE
-            cert = user.get("client-certificate")
-            key = user.get("client-key")
-            if user.get("client-certificate-data"):
-                cert = materialize(user["client-certificate-data"], "client.crt")
-            if user.get("client-key-data"):
-                key = materialize(user["client-key-data"], "client.key")
-            if cert:
-                context_ssl.load_cert_chain(
-                    _resolve(base_dir, cert), _resolve(base_dir, key) if key else None
-                )
-        except (OSError, ssl.SSLError, ValueError) as exc:
-            if tempdir is not None:
-                tempdir.cleanup()
-            raise CredentialsError(f"kubeconfig {path}: TLS settings: {exc}") from None
+        verify = context_ssl
+        if cluster.get("certificate-authority-data"):
+            ca_data = str(cluster["certificate-authority-data"])
+            load(
+                "certificate-authority-data",
+                "(inline)",
+                lambda: verify.load_verify_locations(cadata=base64.b64decode(ca_data).decode()),
+            )
+        elif cluster.get("certificate-authority"):
+            ca_file = _resolve(base_dir, str(cluster["certificate-authority"]))
+            load(
+                "certificate-authority",
+                ca_file,
+                lambda: verify.load_verify_locations(cafile=ca_file),
+            )
+        if cluster.get("insecure-skip-tls-verify"):
+            context_ssl.check_hostname = False
+            context_ssl.verify_mode = ssl.CERT_NONE
+        cert = user.get("client-certificate")
+        key = user.get("client-key")
+        if user.get("client-certificate-data"):
+            cert = materialize(
+                str(user["client-certificate-data"]), "client.crt", "client-certificate-data"
+            )
+        if user.get("client-key-data"):
+            key = materialize(str(user["client-key-data"]), "client.key", "client-key-data")
+        if cert:
+            cert_file = _resolve(base_dir, str(cert))
+            key_file = _resolve(base_dir, str(key)) if key else None
+            load("client-certificate", cert_file, lambda: readable(cert_file))
+            if key_file is not None:
+                load("client-key", key_file, lambda: readable(key_file))
+            inline = bool(user.get("client-certificate-data") or user.get("client-key-data"))
+            load(
+                "client-certificate-data" if inline else "client-certificate",
+                "(inline)" if inline else cert_file,
+                lambda: verify.load_cert_chain(cert_file, key_file),
+            )
 
     if user.get("exec") or user.get("auth-provider"):
         raise CredentialsError(
