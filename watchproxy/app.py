@@ -107,6 +107,7 @@ class Proxy:
         return self.hub.debug()
 
     async def start(self) -> None:
+        self.metrics.start()
         await self.upstream.start()
         self.connectivity.start()
         guard = ConnectionGuard(
@@ -185,4 +186,5 @@ class Proxy:
         self._servers.clear()
         await self.connectivity.close()
         await self.upstream.close()
+        await self.metrics.stop()
         log.info("stopped")

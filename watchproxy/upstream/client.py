@@ -58,6 +58,7 @@ class Upstream:
             limit=0,
             ttl_dns_cache=30,
         )
+        self.metrics.count_upstream_connections(connector.open_connections)
         # auto_decompress off: bodies pass through byte for byte with their Content-Encoding.
         self._session = aiohttp.ClientSession(
             base_url=None,
@@ -146,6 +147,7 @@ class Upstream:
                     waited = self._clock() - queued
                     if waited > 0.001:
                         self.metrics.ratelimit_wait.inc(waited)
+                    sent = self._clock()
                     response = await self._session.request(
                         method,
                         URL(url, encoded=True),
@@ -174,6 +176,7 @@ class Upstream:
             # Any HTTP answer means the apiserver is reachable, even a 5xx from it.
             self._mark(True)
             self.metrics.upstream_requests.labels(verb, str(response.status)).inc()
+            self.metrics.upstream_request_duration.labels(verb).observe(self._clock() - sent)
             if response.status == 429:
                 self.metrics.upstream_throttled.inc()
                 delay = parse_retry_after(response.headers.get("Retry-After"), time.time())
