@@ -149,6 +149,12 @@ async def run_proxy(config: Config, env: Mapping[str, str]) -> None:
         env=env,
         reload_seconds=config.upstream.token_reload_seconds,
     )
+    # An exec plugin runs once before serving, so that a broken one stops start-up in one line.
+    try:
+        await target.refresh(strict=True)
+    except CredentialsError:
+        target.close()
+        raise
     proxy = Proxy(config, target)
     try:
         await proxy.start()

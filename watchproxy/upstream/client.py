@@ -140,6 +140,8 @@ class Upstream:
         )
         url = self.target.server + path_qs
         for attempt in range(2):
+            if forwarded_auth is None:
+                await self.target.refresh()  # an exec plugin's credential, when it is due
             send_headers = self._with_credential(headers, forwarded_auth)
             queued = self._clock()
             try:
@@ -155,6 +157,7 @@ class Upstream:
                         data=body,
                         timeout=timeout,
                         allow_redirects=False,
+                        ssl=self.target.ssl_context or True,  # replaced when a cert rotates
                     )
             except UpstreamDown:
                 raise self._unavailable() from None
@@ -185,12 +188,11 @@ class Upstream:
                 response.status == 401
                 and attempt == 0
                 and forwarded_auth is None
-                and self.target.token is not None
-                and self.target.token.path is not None
+                and self.target.invalidate(send_headers.get("Authorization"))
             ):
-                # A rotated projected token: re-read the file and try once more.
+                # A rotated token file or an exec credential the apiserver no longer takes:
+                # get a fresh one and try once more.
                 response.release()
-                self.target.token.invalidate()
                 continue
             return response
         raise AssertionError("unreachable")  # pragma: no cover
@@ -210,6 +212,8 @@ class Upstream:
         assert self._session is not None, "Upstream.start() was not called"
         if self.connectivity is not None and self.connectivity.down:
             raise self._unavailable()
+        if forwarded_auth is None:
+            await self.target.refresh()
         send_headers = self._with_credential(headers, forwarded_auth)
         try:
             async with self.limiter.slot(max_wait=self.max_wait):
@@ -219,6 +223,7 @@ class Upstream:
                     headers=send_headers,
                     max_msg_size=0,
                     timeout=aiohttp.ClientWSTimeout(ws_close=10.0),
+                    ssl=self.target.ssl_context or True,
                 )
         except aiohttp.WSServerHandshakeError as refused:
             self._mark(True)
