@@ -819,7 +819,7 @@ class HoldingWebhook:
         context.load_cert_chain(pki / "apiserver.crt", pki / "apiserver.key")
         site = web.TCPSite(self._runner, "127.0.0.1", 0, ssl_context=context)
         await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.port = self._runner.addresses[0][1]
         return self
 
     async def __aexit__(self, *exc: object) -> None:
