@@ -1,0 +1,139 @@
+"""Build the kube-rs and client-node test programs, skipping what is already up to date.
+
+- ``kubewatch`` (``tests/clients/rust``): ``cargo build --locked`` into the fixed, gitignored
+  target dir ``tests/clients/rust/target``, so cargo's own cache makes a warm rebuild cheap. A
+  cold build compiles kube-rs and k8s-openapi: minutes on two cores, so ``scripts/test.sh``
+  runs this module before pytest (a build inside a test would meet pytest's 120 s timeout).
+- ``informer.mjs`` (``tests/clients/node``): ``npm ci`` into the gitignored ``node_modules``
+  when it is missing or older than ``package-lock.json``.
+
+Run it alone to build both and print the times: ``python -m tests.clients.build_rust_node``.
+Without a toolchain it says so and exits 0 (the tests then skip), except with ``CI=true``,
+where a missing toolchain is a failure (exit 1), as it is in the tests.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+CLIENTS = Path(__file__).resolve().parent
+RUST_DIR = CLIENTS / "rust"
+RUST_TARGET = RUST_DIR / "target"  # gitignored; CARGO_TARGET_DIR points here
+KUBEWATCH = RUST_TARGET / "debug" / "kubewatch"
+NODE_DIR = CLIENTS / "node"
+INFORMER = NODE_DIR / "informer.mjs"
+# npm ci writes this file last; its age says when node_modules was installed.
+NODE_STAMP = NODE_DIR / "node_modules" / ".package-lock.json"
+BUILD_TIMEOUT = 1800.0  # a cold cargo build on a busy two-core machine, downloads included
+
+
+class ToolchainMissing(RuntimeError):
+    """The toolchain a client needs (cargo, node, npm) is not installed."""
+
+
+class BuildFailed(RuntimeError):
+    """The toolchain is there but the build failed (the message carries its output)."""
+
+
+@dataclass(frozen=True)
+class NodeClient:
+    node: str  # the node executable
+    script: Path
+
+
+def on_ci() -> bool:
+    return os.environ.get("CI") == "true"
+
+
+def _tool(name: str, *fallbacks: Path) -> str:
+    found = shutil.which(name)
+    if found is not None:
+        return found
+    for path in fallbacks:
+        if os.access(path, os.X_OK):
+            return str(path)
+    raise ToolchainMissing(f"{name} not found on PATH: the kube-rs/client-node tests need it")
+
+
+def _newest_source(paths: list[Path]) -> float:
+    return max(p.stat().st_mtime for p in paths)
+
+
+def _older_than(output: Path, sources: list[Path]) -> bool:
+    try:
+        return output.stat().st_mtime < _newest_source(sources)
+    except FileNotFoundError:
+        return True
+
+
+def _run(command: list[str], cwd: Path, env: dict[str, str], timeout: float) -> None:
+    try:
+        done = subprocess.run(
+            command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise BuildFailed(f"{' '.join(command)} did not finish within {timeout:.0f} s") from exc
+    if done.returncode != 0:
+        raise BuildFailed(
+            f"{' '.join(command)} failed ({done.returncode}):\n{done.stdout[-3000:]}"
+            f"{done.stderr[-6000:]}"
+        )
+
+
+def rust_sources() -> list[Path]:
+    return [RUST_DIR / "Cargo.toml", RUST_DIR / "Cargo.lock", *(RUST_DIR / "src").rglob("*.rs")]
+
+
+@functools.cache
+def build_kubewatch(timeout: float = BUILD_TIMEOUT) -> Path:
+    """The path of an up-to-date ``kubewatch`` binary, built first if needed."""
+    if not _older_than(KUBEWATCH, rust_sources()):
+        return KUBEWATCH
+    cargo = _tool("cargo", Path.home() / ".cargo" / "bin" / "cargo")
+    env = {**os.environ, "CARGO_TARGET_DIR": str(RUST_TARGET)}
+    _run([cargo, "build", "--locked", "--bin", "kubewatch"], RUST_DIR, env, timeout)
+    # cargo leaves the binary's mtime alone when nothing needed relinking (a touched source):
+    # touch it so the next check is the cheap one.
+    KUBEWATCH.touch()
+    return KUBEWATCH
+
+
+@functools.cache
+def prepare_informer(timeout: float = BUILD_TIMEOUT) -> NodeClient:
+    """node and the informer script, with ``node_modules`` installed by ``npm ci`` if needed."""
+    node = _tool("node")
+    sources = [NODE_DIR / "package.json", NODE_DIR / "package-lock.json"]
+    if _older_than(NODE_STAMP, sources):
+        npm = _tool("npm")
+        command = [npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"]
+        _run(command, NODE_DIR, dict(os.environ), timeout)
+    return NodeClient(node, INFORMER)
+
+
+def main() -> int:
+    status = 0
+    for what, build in (("kubewatch", build_kubewatch), ("informer", prepare_informer)):
+        started = time.monotonic()
+        try:
+            result = build()
+        except ToolchainMissing as exc:
+            print(f"{what}: {exc}{' (CI=true: failing)' if on_ci() else ' (tests will skip)'}")
+            status = 1 if on_ci() else status
+            continue
+        except BuildFailed as exc:
+            print(f"{what}: {exc}", file=sys.stderr)
+            status = 1
+            continue
+        print(f"{what}: {result} ready in {time.monotonic() - started:.1f} s")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
