@@ -11,4 +11,9 @@ fi
 .venv/bin/ruff format --check watchproxy kubefake tests bench
 .venv/bin/mypy
 .venv/bin/lint-imports
+# The kube-rs and client-node test programs (tests/clients/{rust,node}): cargo build and npm ci,
+# skipped when up to date (cached in tests/clients/rust/target and tests/clients/node/node_modules).
+# Built here, not inside a test: a cold cargo build takes minutes. With CI=true a missing
+# cargo, node or npm fails here; elsewhere the tests that need them skip.
+.venv/bin/python -m tests.clients.build_rust_node
 .venv/bin/pytest "$@"

@@ -97,7 +97,10 @@ def build_kubewatch(timeout: float = BUILD_TIMEOUT) -> Path:
     if not _older_than(KUBEWATCH, rust_sources()):
         return KUBEWATCH
     cargo = _tool("cargo", Path.home() / ".cargo" / "bin" / "cargo")
-    env = {**os.environ, "CARGO_TARGET_DIR": str(RUST_TARGET)}
+    # rustup installs into ~/.cargo/bin, which a non-login shell (CI) may lack on PATH; cargo
+    # then needs rustc from the same place.
+    path = os.pathsep.join([str(Path(cargo).parent), os.environ.get("PATH", "")])
+    env = {**os.environ, "CARGO_TARGET_DIR": str(RUST_TARGET), "PATH": path}
     _run([cargo, "build", "--locked", "--bin", "kubewatch"], RUST_DIR, env, timeout)
     # cargo leaves the binary's mtime alone when nothing needed relinking (a touched source):
     # touch it so the next check is the cheap one.
