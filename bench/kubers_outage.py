@@ -14,8 +14,10 @@ count is what it could accept, a floor for what a real apiserver would see.
 Both runs: every watcher lists and watches, then the apiserver goes down for ``--outage``
 seconds with pods created during it, comes back, one more pod is created, and every watcher
 must see each of those pods exactly once, in order. Reported per run: connection attempts
-during the outage, requests in the recovery (until every watcher has the last pod), and the
-errors kube-rs printed. Exits non-zero if a watcher through watchproxy missed or repeated a pod.
+during the outage, requests and seconds until every watcher has the last pod after the
+apiserver came back (through watchproxy that waits for the next attempt on its back-off
+schedule), and the errors kube-rs printed. Exits non-zero if a watcher through watchproxy
+missed or repeated a pod.
 """
 
 from __future__ import annotations
@@ -125,9 +127,14 @@ async def stop(process: asyncio.subprocess.Process) -> None:
         await process.wait()
 
 
-async def scenario(route: str, *, outage: float, watchers: int, kubewatch: Path) -> dict[str, Any]:
-    """One run, ``route`` "direct" or "watchproxy"; returns the counts and the verdict."""
-    workdir = Path(tempfile.mkdtemp(prefix=f"kubers-{route}-"))
+async def scenario(
+    route: str, *, outage: float, watchers: int, kubewatch: Path, workdir: Path | None = None
+) -> dict[str, Any]:
+    """One run, ``route`` "direct" or "watchproxy"; returns the counts and the verdict.
+    kubewatch's output stays in ``workdir`` (a new temporary directory if None)."""
+    if workdir is None:
+        workdir = Path(tempfile.mkdtemp(prefix=f"kubers-{route}-"))
+    workdir.mkdir(parents=True, exist_ok=True)
     async with FakeApiServer(bookmark_interval=1.0) as fake:
         for i in range(SEED_PODS):
             fake.store.create("pods", NAMESPACE, pod(f"seed-{i}"))
@@ -222,11 +229,15 @@ async def main(args: argparse.Namespace) -> int:
             await scenario(route, outage=args.outage, watchers=args.watchers, kubewatch=kubewatch)
         )
     print(json.dumps(results, indent=2))
-    print(f"{'route':<12}{'attempts':>10}{'recovery reqs':>15}{'kube-rs errors':>16}  complete")
+    print(
+        f"{'route':<12}{'attempts':>10}{'recovery reqs':>15}{'recovery s':>12}"
+        f"{'kube-rs errors':>16}  complete"
+    )
     for r in results:
         print(
             f"{r['route']:<12}{r['connection_attempts_during_outage']:>10}"
-            f"{r['requests_during_recovery']:>15}{r['kube_rs_errors']:>16}  "
+            f"{r['requests_during_recovery']:>15}{r['recovery_seconds']:>12}"
+            f"{r['kube_rs_errors']:>16}  "
             f"{r['every_watcher_got_every_pod_once_in_order']}"
         )
     ours = [r for r in results if r["route"] == "watchproxy"]

@@ -30,10 +30,15 @@ def kubewatch() -> Path:
 
 
 async def test_kubers_without_backoff_hammers_a_down_apiserver_but_not_through_watchproxy(
-    kubewatch: Path,
+    kubewatch: Path, tmp_path: Path
 ) -> None:
-    direct = await scenario("direct", outage=OUTAGE, watchers=WATCHERS, kubewatch=kubewatch)
-    proxied = await scenario("watchproxy", outage=OUTAGE, watchers=WATCHERS, kubewatch=kubewatch)
+    runs = {
+        route: await scenario(
+            route, outage=OUTAGE, watchers=WATCHERS, kubewatch=kubewatch, workdir=tmp_path / route
+        )
+        for route in ("direct", "watchproxy")
+    }
+    direct, proxied = runs["direct"], runs["watchproxy"]
     # One shared upstream watch on the client-go schedule (0.8 s doubling, jittered): a handful
     # of attempts in 5 s; the README's bound for 30 s is 8.
     assert 1 <= proxied["connection_attempts_during_outage"] <= 8, proxied
