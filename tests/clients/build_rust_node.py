@@ -1,11 +1,14 @@
 """Build the kube-rs and client-node test programs, skipping what is already up to date.
 
-- ``kubewatch`` (``tests/clients/rust``): ``cargo build --locked`` into the fixed, gitignored
-  target dir ``tests/clients/rust/target``, so cargo's own cache makes a warm rebuild cheap. A
-  cold build compiles kube-rs and k8s-openapi: minutes on two cores, so ``scripts/test.sh``
-  runs this module before pytest (a build inside a test would meet pytest's 120 s timeout).
+- ``kubewatch`` (``tests/clients/rust``): ``cargo build --locked`` into a target dir outside
+  the checkout, ``$WATCHPROXY_CARGO_TARGET_DIR`` or ``~/.cache/watchproxy/cargo-target``, so
+  that a fresh clone on the same machine (CI clones afresh every run) reuses the compiled
+  dependencies; the binary is then copied to the gitignored ``tests/clients/rust/bin``. A cold
+  build compiles kube-rs and k8s-openapi: minutes on two cores, so ``scripts/test.sh`` runs
+  this module before pytest (a build inside a test would meet pytest's 120 s timeout).
 - ``informer.mjs`` (``tests/clients/node``): ``npm ci`` into the gitignored ``node_modules``
-  when it is missing or older than ``package-lock.json``.
+  when it is missing or older than ``package-lock.json`` (packages come from npm's cache
+  when it has them).
 
 Run it alone to build both and print the times: ``python -m tests.clients.build_rust_node``.
 Without a toolchain it says so and exits 0 (the tests then skip), except with ``CI=true``,
@@ -15,6 +18,7 @@ where a missing toolchain is a failure (exit 1), as it is in the tests.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import shutil
 import subprocess
@@ -25,8 +29,7 @@ from pathlib import Path
 
 CLIENTS = Path(__file__).resolve().parent
 RUST_DIR = CLIENTS / "rust"
-RUST_TARGET = RUST_DIR / "target"  # gitignored; CARGO_TARGET_DIR points here
-KUBEWATCH = RUST_TARGET / "debug" / "kubewatch"
+KUBEWATCH = RUST_DIR / "bin" / "kubewatch"  # gitignored
 NODE_DIR = CLIENTS / "node"
 INFORMER = NODE_DIR / "informer.mjs"
 # npm ci writes this file last; its age says when node_modules was installed.
@@ -73,7 +76,15 @@ def _older_than(output: Path, sources: list[Path]) -> bool:
         return True
 
 
-def _run(command: list[str], cwd: Path, env: dict[str, str], timeout: float) -> None:
+def cargo_target_dir() -> Path:
+    configured = os.environ.get("WATCHPROXY_CARGO_TARGET_DIR")
+    if configured:
+        return Path(configured)
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "watchproxy" / "cargo-target"
+
+
+def _run(command: list[str], cwd: Path, env: dict[str, str], timeout: float) -> str:
     try:
         done = subprocess.run(
             command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
@@ -85,6 +96,7 @@ def _run(command: list[str], cwd: Path, env: dict[str, str], timeout: float) -> 
             f"{' '.join(command)} failed ({done.returncode}):\n{done.stdout[-3000:]}"
             f"{done.stderr[-6000:]}"
         )
+    return done.stdout
 
 
 def rust_sources() -> list[Path]:
@@ -100,12 +112,33 @@ def build_kubewatch(timeout: float = BUILD_TIMEOUT) -> Path:
     # rustup installs into ~/.cargo/bin, which a non-login shell (CI) may lack on PATH; cargo
     # then needs rustc from the same place.
     path = os.pathsep.join([str(Path(cargo).parent), os.environ.get("PATH", "")])
-    env = {**os.environ, "CARGO_TARGET_DIR": str(RUST_TARGET), "PATH": path}
-    _run([cargo, "build", "--locked", "--bin", "kubewatch"], RUST_DIR, env, timeout)
-    # cargo leaves the binary's mtime alone when nothing needed relinking (a touched source):
-    # touch it so the next check is the cheap one.
-    KUBEWATCH.touch()
+    env = {**os.environ, "CARGO_TARGET_DIR": str(cargo_target_dir()), "PATH": path}
+    command = [cargo, "build", "--locked", "--bin", "kubewatch", "--message-format=json"]
+    built = _executable(_run(command, RUST_DIR, env, timeout))
+    # The artifact's own path (target/debug/deps/kubewatch-<hash>) is per checkout, unlike
+    # target/debug/kubewatch, which another checkout sharing the target dir may overwrite.
+    # Copy, then rename: an interrupted copy never looks up to date.
+    KUBEWATCH.parent.mkdir(exist_ok=True)
+    partial = KUBEWATCH.with_name(".kubewatch.partial")
+    shutil.copy2(built, partial)
+    os.replace(partial, KUBEWATCH)
+    KUBEWATCH.touch()  # newer than the sources even when cargo had nothing to do
     return KUBEWATCH
+
+
+def _executable(cargo_json: str) -> Path:
+    """The kubewatch executable named in cargo's ``--message-format=json`` output."""
+    for raw in cargo_json.splitlines():
+        if not raw.startswith("{"):
+            continue
+        message = json.loads(raw)
+        if (
+            message.get("reason") == "compiler-artifact"
+            and message.get("executable")
+            and message["target"]["name"] == "kubewatch"
+        ):
+            return Path(message["executable"])
+    raise BuildFailed("cargo build reported no kubewatch executable")
 
 
 @functools.cache
@@ -115,7 +148,7 @@ def prepare_informer(timeout: float = BUILD_TIMEOUT) -> NodeClient:
     sources = [NODE_DIR / "package.json", NODE_DIR / "package-lock.json"]
     if _older_than(NODE_STAMP, sources):
         npm = _tool("npm")
-        command = [npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"]
+        command = [npm, "ci", "--prefer-offline", "--no-audit", "--no-fund", "--loglevel=error"]
         _run(command, NODE_DIR, dict(os.environ), timeout)
     return NodeClient(node, INFORMER)
 
