@@ -22,4 +22,9 @@ if ! bash tests/realapi/build.sh; then
     fi
     echo "warning: tests/realapi/build.sh failed: the realapi tier will be skipped" >&2
 fi
+# The kube-rs and client-node test programs (tests/clients/{rust,node}): cargo build and npm ci,
+# skipped when up to date (cargo's target dir in ~/.cache/watchproxy, node_modules in tests/clients/node).
+# Built here, not inside a test: a cold cargo build takes minutes. With CI=true a missing
+# cargo, node or npm fails here; elsewhere the tests that need them skip.
+.venv/bin/python -m tests.clients.build_rust_node
 .venv/bin/pytest "$@"
