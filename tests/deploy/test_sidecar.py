@@ -378,7 +378,7 @@ def test_inject_bad_input_is_one_line_and_exit_2(
     assert result.returncode == 2
     assert result.stdout == ""
     assert result.stderr.count("\n") == 1, result.stderr
-    assert result.stderr.startswith("watchproxy: inject: ")
+    assert result.stderr.startswith("watchproxy inject: ")
     assert message in result.stderr
 
 
