@@ -10,4 +10,7 @@ fi
 .venv/bin/ruff check watchproxy tests bench
 .venv/bin/ruff format --check watchproxy tests bench
 .venv/bin/mypy
+# The real-client programs (tests/clients): built here, outside pytest's per-test timeouts, so a
+# cold build (client-go from the Go module proxy) shows its own time; a no-op when up to date.
+.venv/bin/python -m tests.clients.build
 .venv/bin/pytest "$@"
