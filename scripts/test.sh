@@ -29,4 +29,7 @@ fi
 # Built here, not inside a test: a cold cargo build takes minutes. With CI=true a missing
 # cargo, node or npm fails here; elsewhere the tests that need them skip.
 .venv/bin/python -m tests.clients.build_rust_node
+# The real-client programs (tests/clients): built here, outside pytest's per-test timeouts, so a
+# cold build (client-go from the Go module proxy) shows its own time; a no-op when up to date.
+.venv/bin/python -m tests.clients.build
 .venv/bin/pytest "$@"

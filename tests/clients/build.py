@@ -1,0 +1,106 @@
+"""Build the real-client test programs, skipping the build when the binary is up to date.
+
+``go build`` keeps its own cache (``go env GOCACHE``) and module cache, so even a rebuild after
+a source change only recompiles this module; a fresh machine downloads client-go from the Go
+module proxy once. Run it alone to (re)build and print the time: ``python -m tests.clients.build``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+GO_DIR = Path(__file__).resolve().parent / "go"
+GO_BIN_DIR = GO_DIR / "bin"  # gitignored
+WATCHCLIENT = GO_BIN_DIR / "watchclient"
+# Where the official tarball installs Go; non-login shells often lack it on PATH.
+GO_FALLBACK = Path("/usr/local/go/bin/go")
+BUILD_TIMEOUT = 900.0  # a cold build on a small CI machine, module downloads included
+
+
+class ToolchainMissing(RuntimeError):
+    """The toolchain a client needs is not installed."""
+
+
+class BuildFailed(RuntimeError):
+    """The toolchain is there but the build failed (the message carries its output)."""
+
+
+def find_go() -> str | None:
+    found = shutil.which("go")
+    if found is not None:
+        return found
+    return str(GO_FALLBACK) if os.access(GO_FALLBACK, os.X_OK) else None
+
+
+def go_sources() -> list[Path]:
+    sources = [GO_DIR / "go.mod", GO_DIR / "go.sum"]
+    sources += [p for p in GO_DIR.rglob("*.go") if GO_BIN_DIR not in p.parents]
+    return sources
+
+
+def is_fresh(binary: Path, sources: list[Path]) -> bool:
+    """True when ``binary`` exists and is newer than every source."""
+    try:
+        built = binary.stat().st_mtime
+    except FileNotFoundError:
+        return False
+    return all(source.stat().st_mtime <= built for source in sources)
+
+
+def build_watchclient(*, timeout: float = BUILD_TIMEOUT) -> Path:
+    """The path of an up-to-date ``watchclient`` binary, built first if needed."""
+    if is_fresh(WATCHCLIENT, go_sources()):
+        return WATCHCLIENT
+    go = find_go()
+    if go is None:
+        raise ToolchainMissing(
+            "go not found on PATH or at /usr/local/go/bin/go: the client-go tests need Go >= 1.25"
+        )
+    GO_BIN_DIR.mkdir(exist_ok=True)
+    # Build next to the target and rename: an interrupted build never leaves a binary that
+    # looks up to date.
+    partial = GO_BIN_DIR / ".watchclient.partial"
+    env = {**os.environ, "CGO_ENABLED": "0"}
+    try:
+        result = subprocess.run(
+            [go, "build", "-o", str(partial), "./watchclient"],
+            cwd=GO_DIR,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise BuildFailed(f"go build did not finish within {timeout:.0f} s") from exc
+    if result.returncode != 0:
+        raise BuildFailed(f"go build failed ({result.returncode}):\n{result.stderr}")
+    os.replace(partial, WATCHCLIENT)
+    return WATCHCLIENT
+
+
+def main() -> int:
+    started = time.monotonic()
+    try:
+        path = build_watchclient()
+    except ToolchainMissing as exc:
+        # The same rule as the tests: skipped on a developer's machine, a failure on CI.
+        if os.environ.get("CI") == "true":
+            print(f"{exc} (CI=true: a missing toolchain is a failure)", file=sys.stderr)
+            return 1
+        print(f"{exc}: the client-go tests will be skipped", file=sys.stderr)
+        return 0
+    except BuildFailed as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    print(f"{path} ready in {time.monotonic() - started:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
