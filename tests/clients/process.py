@@ -45,6 +45,7 @@ class ClientProcess:
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=log,
+                limit=1 << 20,  # one event line can be a whole large object
             )
         self._reader = asyncio.get_running_loop().create_task(
             self._read(), name=f"client-{self.name}"

@@ -6,9 +6,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from watchproxy.fakeapi import Change, Store
-from watchproxy.fakeapi.selectors import Filter
-from watchproxy.fakeapi.watch import filter_change
+from kubefake import Change, Store
+from kubefake.selectors import Filter
+from kubefake.watch import filter_change
 
 Line = Mapping[str, Any]
 OBJECT_EVENTS = ("ADDED", "MODIFIED", "DELETED", "SYNC")

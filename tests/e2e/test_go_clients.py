@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from kubefake import Churner, FakeApiServer, Stats
+from kubefake.selectors import Filter, LabelSelector
 from tests.clients.process import ClientProcess, running_client
 from tests.clients.streams import (
     ChangeLog,
@@ -31,8 +33,6 @@ from tests.clients.streams import (
     store_state,
 )
 from tests.harness import Running, running_proxy, wait_for
-from watchproxy.fakeapi import Churner, FakeApiServer, Stats
-from watchproxy.fakeapi.selectors import Filter, LabelSelector
 
 # The build runs in the session fixture, outside this limit (a cold build downloads client-go).
 pytestmark = pytest.mark.timeout(60, func_only=True)

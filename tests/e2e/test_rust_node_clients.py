@@ -33,7 +33,7 @@ from tests.clients.expect import (
     kubers_state,
     seen_rv,
 )
-from tests.clients.lines import Line, LineClient
+from tests.clients.process import ClientProcess, Line
 from tests.harness import Running, running_proxy, wait_for
 
 CLIENTS = ("kube-rs", "kube-rs-backoff", "client-node")
@@ -83,11 +83,11 @@ def node_kubeconfig(path: str) -> str:
 @pytest.fixture
 def start_client(
     request: pytest.FixtureRequest, tmp_path: Path, running: tuple[Running, ChangeLog]
-) -> Callable[[str, str], AsyncIterator[LineClient]]:
+) -> Callable[[str, str], AsyncIterator[ClientProcess]]:
     """``async with start_client(kind, route) as client``: running, listed and watching."""
 
     @contextlib.asynccontextmanager
-    async def start(kind: str, route: str = "watchproxy") -> AsyncIterator[LineClient]:
+    async def start(kind: str, route: str = "watchproxy") -> AsyncIterator[ClientProcess]:
         run = running[0]
         kubeconfig = run.kubeconfig if route == "watchproxy" else run.upstream_kubeconfig
         if kind.startswith("kube-rs"):
@@ -103,7 +103,7 @@ def start_client(
             kubeconfig = node_kubeconfig(kubeconfig)
             ready = lambda ls: any(line["type"] == "READY" for line in ls)  # noqa: E731
         env = {**os.environ, "KUBECONFIG": kubeconfig}
-        client = LineClient(kind, argv, env=env, log_path=tmp_path / f"{kind}.stderr")
+        client = ClientProcess(kind, argv, env=env, log_path=tmp_path / f"{kind}.stderr")
         await client.start()
         try:
             await client.wait_until(ready, what="first list", timeout=20)
@@ -135,7 +135,7 @@ def check(kind: str, lines: list[Line], log: ChangeLog) -> list[str]:
     return check_informer(lines, log)
 
 
-async def caught_up(client: LineClient, log: ChangeLog) -> None:
+async def caught_up(client: ClientProcess, log: ChangeLog) -> None:
     target = log.last_rv
     await client.wait_until(lambda ls: seen_rv(ls) >= target, what=f"RV {target}")
 
