@@ -355,6 +355,8 @@ async def test_routine_watch_timeouts_and_410s_are_not_counted_or_logged_as_erro
         await read_watch(s, running.url + PODS + "?watch=1", until=lambda e: len(e) >= 1)
         for i in range(10):
             store.modify("pods", "default", "a", annotate(str(i)))
+        # Older than the hub's window goes to the apiserver (issue 18): the 410 is its own.
+        store.compact()
         caplog.clear()
         async with s.get(running.url + PODS + "?watch=1&timeoutSeconds=1") as timed:
             assert timed.status == 200
