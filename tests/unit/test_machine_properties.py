@@ -240,6 +240,8 @@ class SharedWatchHistories(RuleBasedStateMachine):
 
     @rule(data=st.data(), how=st.sampled_from(["fresh", "seen", "current"]))
     def join(self, data: st.DataObject, how: str) -> None:
+        rv: str | None
+        state: dict[str, int]
         if how == "fresh":
             rv, state, last = None, {}, 0
         elif how == "seen":
