@@ -21,6 +21,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from watchproxy.hub.cachetypes import StartPlan
 from watchproxy.hub.machine import MachineConfig, Phase, SharedWatchMachine
 from watchproxy.hub.outcomes import (
     Bookmark,
@@ -42,7 +43,7 @@ from watchproxy.hub.outcomes import (
     UpstreamBack,
     WaitForUpstream,
 )
-from watchproxy.hub.watchcache import StartPlan, WatchCache
+from watchproxy.hub.watchcache import WatchCache
 from watchproxy.kube.representation import JsonRepresentation
 from watchproxy.policy.backoff import Backoff, BackoffPolicy
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from watchproxy.hub.watchcache import (
+from watchproxy.hub.cachetypes import (
     ADDED,
     DELETED,
     MODIFIED,
@@ -17,9 +17,9 @@ from watchproxy.hub.watchcache import (
     ListRegressed,
     NotSynced,
     StartPlan,
-    WatchCache,
     parse_rv,
 )
+from watchproxy.hub.watchcache import WatchCache
 from watchproxy.kube.negotiation import representation_for
 from watchproxy.kube.representation import (
     INITIAL_EVENTS_END_ANNOTATION,

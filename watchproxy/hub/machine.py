@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
+from watchproxy.hub.cachetypes import ListRegressed
 from watchproxy.hub.outcomes import (
     Action,
     Bookmark,
@@ -53,7 +54,7 @@ from watchproxy.hub.outcomes import (
     UpstreamBack,
     WaitForUpstream,
 )
-from watchproxy.hub.watchcache import ListRegressed, WatchCache
+from watchproxy.hub.watchcache import WatchCache
 from watchproxy.policy.backoff import Backoff
 
 # An upstream watch that ends cleanly this soon with nothing in it counts as a failure: an

@@ -26,10 +26,10 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from watchproxy.config import HubConfig
 from watchproxy.errors import TooManyRequests, UpstreamTimeout, UpstreamUnavailable
+from watchproxy.hub.cachetypes import StartPlan
 from watchproxy.hub.ports import UpstreamHealth, WatchSource, WatchStarter
 from watchproxy.hub.sharedwatch import SharedWatch, UpstreamRefused
 from watchproxy.hub.subscriber import Subscriber, SubscriberOptions
-from watchproxy.hub.watchcache import StartPlan
 from watchproxy.hub.watchkey import Unservable, WatchKey, identity_of, watch_key
 from watchproxy.kube.apipath import ApiPath
 from watchproxy.kube.headers import forwarded_credential

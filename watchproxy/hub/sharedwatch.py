@@ -1,48 +1,37 @@
 """One shared upstream watch: the I/O driver of its machine, and the pulse that wakes subscribers.
 
 What to do next is decided by :class:`~watchproxy.hub.machine.SharedWatchMachine` (pure);
-this module only performs its actions — a paginated LIST, a WATCH read line by line, a sleep,
-a wait for the apiserver — through the hub's ports (:mod:`watchproxy.hub.ports`), and feeds the
-outcomes back. Events go into the machine's :class:`~watchproxy.hub.watchcache.WatchCache`;
-subscribers read it through cursors and are woken by :meth:`SharedWatch.wait_change`.
+this module only performs its actions — a LIST or a WATCH (through :mod:`watchproxy.hub.fetcher`
+and the hub's ports), a sleep, a wait for the apiserver — and feeds the outcomes back. Events go
+into the machine's :class:`~watchproxy.hub.watchcache.WatchCache`; subscribers read it through
+cursors and are woken by :meth:`SharedWatch.wait_change`.
 
-Failures are turned into outcome values inside each ``except`` and acted on after it: nothing
-is awaited while an exception (and through its traceback, a broken connection) is held. The old
-driver slept its back-off inside the ``except``, which kept the failed connection alive for the
-whole outage (issue 10).
+Nothing here is awaited inside an ``except``: failures arrive as outcome values. The old
+driver slept its back-off inside the ``except`` that caught the failure, which kept the failed
+connection (through the exception's traceback) alive for the whole outage (issue 10).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import random
 import time
-import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
 from watchproxy.config import HubConfig
-from watchproxy.errors import ProxyError, UpstreamUnavailable
+from watchproxy.errors import UpstreamUnavailable
+from watchproxy.hub.fetcher import Fetcher
 from watchproxy.hub.machine import MachineConfig, Phase, SharedWatchMachine
 from watchproxy.hub.outcomes import (
-    Bookmark,
-    Broken,
     Elapsed,
-    Ended,
-    Event,
-    Expired,
     Fail,
-    Listed,
-    Opened,
     OpenList,
     OpenWatch,
     Outcome,
-    ReadOn,
     Refused,
-    Silent,
     Sleep,
     Start,
     Step,
@@ -50,7 +39,7 @@ from watchproxy.hub.outcomes import (
     UpstreamBack,
     WaitForUpstream,
 )
-from watchproxy.hub.ports import UpstreamAnswer, UpstreamHealth, WatchSource
+from watchproxy.hub.ports import UpstreamHealth, WatchSource
 from watchproxy.hub.watchcache import WatchCache
 from watchproxy.hub.watchkey import WatchKey
 from watchproxy.kube.representation import Representation
@@ -58,8 +47,6 @@ from watchproxy.metrics import Metrics
 from watchproxy.policy.backoff import Backoff, BackoffPolicy
 
 log = logging.getLogger("watchproxy.hub")
-
-LIST_PAGE_SIZE = 500
 
 
 def _wake(waiter: asyncio.Future[None]) -> None:
@@ -121,6 +108,17 @@ class SharedWatch:
                 ),
                 recovery_window=min(1.0, backoff_policy.initial),
             ),
+        )
+        self.fetcher = Fetcher(
+            key,
+            representation,
+            source=source,
+            health=health,
+            machine=self.machine,
+            metrics=metrics,
+            forwarded_auth=forwarded_auth,
+            clock=clock,
+            took=self._took,
         )
         self.subscribers = 0
         self.cursors: dict[int, int] = {}  # id(subscriber) -> its next seq, for lag and /debug
@@ -243,9 +241,9 @@ class SharedWatch:
             action = step.action
             outcome: Outcome
             if isinstance(action, OpenList):
-                outcome = await self._list()
+                outcome = await self.fetcher.list()
             elif isinstance(action, OpenWatch):
-                step = await self._watch(action)
+                step = await self.fetcher.watch(action)
                 continue
             elif isinstance(action, Sleep):
                 delay = max(0.0, action.until - self.clock())
@@ -291,141 +289,6 @@ class SharedWatch:
         self._notify()
         if self.on_idle is not None:
             self.on_idle(self)
-
-    def _broken(self, error: ProxyError) -> Broken:
-        return Broken(error.message, down=self.health.down)
-
-    def _path(self, **extra: str) -> str:
-        params: dict[str, str] = {}
-        if self.key.label_selector:
-            params["labelSelector"] = self.key.label_selector
-        if self.key.field_selector:
-            params["fieldSelector"] = self.key.field_selector
-        if self.key.include_object:
-            params["includeObject"] = self.key.include_object
-        params.update(self.representation.query_params)
-        params.update(extra)
-        query = urllib.parse.urlencode(params, quote_via=urllib.parse.quote, safe="")
-        return f"{self.key.collection_path}?{query}"
-
-    async def _open(self, path_qs: str, verb: str) -> UpstreamAnswer:
-        rep = self.representation
-        accept = rep.list_accept_header if verb == "list" else rep.watch_accept_header
-        return await self.source.open(
-            path_qs, accept=accept, verb=verb, forwarded_auth=self.forwarded_auth
-        )
-
-    async def _list(self) -> Outcome:
-        """A full paginated list, as one outcome."""
-        items: list[dict[str, Any]] = []
-        list_rv: str | None = None
-        token = ""
-        while True:
-            extra = {"limit": str(LIST_PAGE_SIZE)}
-            if token:
-                extra["continue"] = token
-            try:
-                answer = await self._open(self._path(**extra), "list")
-            except ProxyError as error:
-                return self._broken(error)
-            try:
-                body = await answer.body()
-            except ProxyError as error:
-                return self._broken(error)
-            finally:
-                answer.close()
-            if answer.status == 410 and token:
-                items, list_rv, token = [], None, ""  # the continue token expired: start over
-                continue
-            if answer.status != 200:
-                return Refused(answer.status, body, answer.content_type, answer.retry_after)
-            try:
-                document = json.loads(body)
-                page_items, page_rv = self.representation.list_items(document)
-            except (ValueError, KeyError, TypeError, AttributeError) as error:
-                return Broken(f"unreadable list: {type(error).__name__}")
-            items.extend(page_items)
-            list_rv = list_rv or page_rv
-            token = (document.get("metadata") or {}).get("continue") or ""
-            if not token:
-                return Listed(items, list_rv)
-
-    async def _watch(self, action: OpenWatch) -> Step:
-        """One upstream watch, read to its end; returns the machine's step after it."""
-        path = self._path(
-            watch="true",
-            allowWatchBookmarks="true",
-            resourceVersion=action.resource_version,
-            timeoutSeconds=str(action.timeout_seconds),
-        )
-        try:
-            answer = await self._open(path, "watch")
-        except ProxyError as error:
-            return self.machine.handle(self._broken(error))
-        try:
-            if answer.status != 200:
-                outcome: Outcome
-                try:
-                    body = await answer.body()
-                except ProxyError as error:
-                    outcome = self._broken(error)
-                else:
-                    if answer.status == 410:
-                        outcome = Expired(b'{"type":"ERROR","object":' + body.strip() + b"}\n")
-                    else:
-                        outcome = Refused(
-                            answer.status, body, answer.content_type, answer.retry_after
-                        )
-                return self.machine.handle(outcome)
-            step = self.machine.handle(Opened())
-            self._took(step)
-            assert isinstance(step.action, ReadOn)
-            return await self._read(answer, step.action.deadline)
-        finally:
-            answer.close()
-
-    async def _read(self, answer: UpstreamAnswer, deadline: float) -> Step:
-        loop = asyncio.get_running_loop()
-        lines = answer.lines()
-        outcome: Outcome
-        try:
-            # The silence timer: rescheduled by every event and bookmark (issue 10, item 4).
-            # A half-open connection or a hung apiserver reads nothing, forever, otherwise.
-            async with asyncio.timeout_at(loop.time() + deadline - self.clock()) as silence:
-                async for line in lines:
-                    if not line.strip():
-                        continue
-                    step = self.machine.handle(self._parse(line))
-                    if not isinstance(step.action, ReadOn):
-                        return step
-                    self._took(step)
-                    silence.reschedule(loop.time() + step.action.deadline - self.clock())
-            outcome = Ended()
-        except TimeoutError:
-            outcome = Silent()
-        except ProxyError as error:
-            outcome = self._broken(error)
-        finally:
-            await lines.aclose()
-        return self.machine.handle(outcome)
-
-    def _parse(self, line: bytes) -> Outcome:
-        try:
-            event = json.loads(line)
-            kind = event.get("type")
-            obj = event.get("object") or {}
-            if kind == "BOOKMARK":
-                return Bookmark(str((obj.get("metadata") or {})["resourceVersion"]))
-            if kind == "ERROR":
-                if obj.get("code") == 410:
-                    return Expired(line)
-                return Broken(f"upstream watch error: {obj.get('message')}")
-            if kind not in ("ADDED", "MODIFIED", "DELETED"):
-                return Broken(f"unexpected watch event type {kind!r}")
-            self.metrics.events_received.labels(self.key.resource_label).inc()
-            return Event(kind, obj)
-        except (ValueError, KeyError, TypeError, AttributeError) as error:
-            return Broken(f"unreadable watch event: {type(error).__name__}")
 
     def debug(self) -> dict[str, Any]:
         newest = self.cache.next_seq

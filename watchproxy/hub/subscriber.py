@@ -14,9 +14,9 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from watchproxy.hub.cachetypes import StartPlan
 from watchproxy.hub.ports import WatchSink
 from watchproxy.hub.sharedwatch import SharedWatch
-from watchproxy.hub.watchcache import StartPlan
 from watchproxy.metrics import Metrics
 
 log = logging.getLogger("watchproxy.hub")

@@ -8,18 +8,15 @@ the history; :meth:`WatchCache.plan` says where a new subscriber starts and what
 resourceVersions are compared as integers (the hub shares only keys whose RVs parse as
 decimal integers) and handed to clients exactly as upstream spelled them.
 
-Relist without breaking streams. After the first sync, a later :meth:`WatchCache.replace`
-(relist after an upstream 410 Expired) diffs the new list against the current state and appends
-the events that bring every subscriber to it: ADDED/MODIFIED for new and changed objects in
-ascending order of their own RV, then DELETED for objects that are gone, each carrying the last
-known state with ``metadata.resourceVersion`` set to the LIST's RV (the first RV at which the
-object is known to be gone; putting them last at that RV keeps every client's RVs from going
-backwards). These relist events can share the list RV ``L``, so a client that stopped reading in
-the middle of the group holds ``L`` without holding the whole group. Mechanism of the old silent
-hole: "RV N: only events after N" skipped the rest of the group for such a client. Now a
-resume at exactly ``L`` replays every relist event at ``L`` (at least once for that group:
-idempotent for informers, whose store ignores a DELETE of a key it does not hold), and once
-eviction has taken any of that group, ``L`` is answered ``expired`` (see ``_evict``).
+Relist without breaking streams: a later :meth:`WatchCache.replace` (after an upstream 410)
+appends the diff to the current state: ADDED/MODIFIED in ascending order of their own RV, then
+DELETED for objects gone, carrying the last known state at the LIST's RV (the first RV at which
+each is known gone; last, so that no client's RVs go backwards). These events can share the list
+RV ``L``, so a client that stopped reading inside the group holds ``L`` without the whole group.
+Mechanism of the old silent hole: "RV N: only events after N" skipped the rest of the group for
+such a client. Now a resume at exactly ``L`` replays every relist event at ``L`` (at least once
+for that group: idempotent for informers, whose store ignores a DELETE of a key it does not
+hold), and once eviction has taken any of the group, ``L`` is answered ``expired``.
 
 A relist from cache RV ``R`` to list RV ``L`` is a gap in the history: a client whose state is
 at an RV strictly between them may hold an object created and deleted within the gap, which no
@@ -43,13 +40,9 @@ is ``outside_window``, and the hub passes that watch to the apiserver, whose ans
 its own 410) is the right one.
 
 Eviction: beyond ``capacity`` events, and events older than ``max_age`` except the DELETEs of
-the latest relist while nothing newer has arrived (their RV is every idle client's). Evicting
-an event makes RVs below its own unresumable.
-
-A list whose RV is older than the cache's (an etcd restore, a stale read) cannot be reconciled
-without sending clients back in time: :meth:`WatchCache.replace` raises
-:class:`ListRegressed`, and the hub either relists consistently or calls
-:meth:`WatchCache.reset`, which evicts every cursor.
+the latest relist while nothing newer has arrived. Evicting an event makes RVs below its own
+unresumable. A list older than the cache (an etcd restore, a stale read) raises
+:class:`ListRegressed`; :meth:`WatchCache.reset` then starts over and evicts every cursor.
 """
 
 from __future__ import annotations
@@ -60,84 +53,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from watchproxy.errors import status_object
+from watchproxy.hub.cachetypes import (
+    ADDED,
+    DELETED,
+    MODIFIED,
+    CachedEvent,
+    ListRegressed,
+    NotSynced,
+    StartPlan,
+    parse_rv,
+)
+from watchproxy.hub.window import ResumeWindow
 from watchproxy.kube.representation import Representation, encode_json
 
-__all__ = [
-    "ADDED",
-    "DELETED",
-    "MODIFIED",
-    "CachedEvent",
-    "ListRegressed",
-    "NotSynced",
-    "StartPlan",
-    "WatchCache",
-    "parse_rv",
-]
-
-ADDED = "ADDED"
-MODIFIED = "MODIFIED"
-DELETED = "DELETED"
 _EVENT_TYPES = frozenset({ADDED, MODIFIED, DELETED})
-MAX_GAPS = 64
-
 Obj = dict[str, Any]
-
-
-def parse_rv(rv: str) -> int:
-    """A resourceVersion as an integer; ``ValueError`` unless it is plain decimal digits."""
-    if not rv.isascii() or not rv.isdigit():
-        raise ValueError(f"resourceVersion {rv!r} is not a decimal integer")
-    return int(rv)
-
-
-class NotSynced(RuntimeError):
-    """The cache has not received its first LIST yet."""
-
-
-class ListRegressed(ValueError):
-    """A relist's RV is older than the cache's: applying it would send clients back in time."""
-
-
-@dataclass(frozen=True, slots=True)
-class CachedEvent:
-    """One event in the history; ``line`` is written unchanged to every subscriber."""
-
-    seq: int  # position in this cache's history, strictly increasing by 1
-    type: str  # ADDED | MODIFIED | DELETED
-    rv: int  # the event's RV (relist DELETEs: the list RV); never decreases along the history
-    key: str  # "namespace/name", or "name" if cluster-scoped
-    line: bytes  # b'{"type":"ADDED","object":{...}}\n', compact JSON
-    time: float  # clock() when it entered the cache
-    relist: bool = False  # synthesised by a relist diff rather than received from upstream
-
-
-@dataclass(frozen=True, slots=True)
-class StartPlan:
-    """Where a new subscriber starts.
-
-    Write ``initial`` first, then ``events_from(next_seq, start_rv)`` onwards, skipping events
-    for which :meth:`wants` is false. ``outside_window``: older than the history; only the
-    apiserver can answer it. ``expired``: an RV that a relist made ambiguous (see the module
-    docstring): send ``expired_line`` and end. ``wait_rv``:
-    sendInitialEvents with an RV newer than the cache; plan again once
-    ``resource_version >= wait_rv`` (or time out as the apiserver does).
-    """
-
-    initial: list[bytes]
-    next_seq: int
-    outside_window: bool = False
-    expired: bool = False
-    initial_rv: str | None = None  # the RV at which ``initial`` is the complete state
-    # Skip events with rv <= min_rv, and send no BOOKMARK below it: the client is ahead of
-    # the history (its RV, or the state's RV during a backfill). -1: everything.
-    min_rv: int = -1
-    wait_rv: int | None = None
-    # The RV the client's state is at when it starts: relist gaps and backfill cutoffs that
-    # jump over it end the subscriber (see ``events_from``). -1: unknown / not needed.
-    start_rv: int = -1
-
-    def wants(self, event: CachedEvent) -> bool:
-        return event.rv > self.min_rv
 
 
 @dataclass(slots=True)
@@ -183,9 +113,7 @@ class WatchCache:
         self._rv: int | None = None  # the state's RV
         self._rv_str: str | None = None
         self._stream: tuple[int, str] | None = None  # history complete up to here
-        self._oldest_resumable: int | None = None
-        self._gaps: list[tuple[int, int, int]] = []  # (seq at the relist, RV before, list RV)
-        self._cutoffs: list[tuple[int, int, bytes]] = []  # (seq, below this start RV, line)
+        self._window = ResumeWindow()
         self._bookmark_cache: tuple[str, bytes] | None = None
 
     # --- properties ---------------------------------------------------------------------
@@ -230,7 +158,7 @@ class WatchCache:
 
     @property
     def oldest_resumable_rv(self) -> int | None:
-        return self._oldest_resumable
+        return self._window.oldest
 
     def __len__(self) -> int:
         return len(self._state)
@@ -258,14 +186,13 @@ class WatchCache:
             if floor is not None and parse_rv(floor) < rv:
                 start = parse_rv(floor)
                 self._stream = (start, floor)
-            self._oldest_resumable = start
+            self._window.start(start)
             return []
         if self.backfilling:
             raise RuntimeError("relist during a backfill: abandon_backfill() first")
         if rv < self._rv:
             raise ListRegressed(f"list resourceVersion {rv} is older than the cache's {self._rv}")
-        if rv > self._rv:
-            self._gaps.append((self._next_seq, self._rv, rv))
+        self._window.relisted(self._next_seq, self._rv, rv)
         now = self._clock()
         changed = [
             (entry.rv, key, entry)
@@ -300,12 +227,10 @@ class WatchCache:
         rv = parse_rv(list_rv)
         self._state = self._keyed(items)
         self._events, self._head, self._bytes = [], 0, 0
-        self._gaps = []
         self._next_seq += 1
         self._rv, self._rv_str = rv, list_rv
         self._stream = (rv, list_rv)
-        self._oldest_resumable = rv
-        self._cutoffs = []
+        self._window.start(rv)
         self._bookmark_cache = None
 
     def apply(self, event_type: str, obj: Obj) -> CachedEvent | None:
@@ -356,9 +281,8 @@ class WatchCache:
         if not self.backfilling:
             return
         assert self._rv is not None and self._rv_str is not None
-        self._cutoffs.append((self._next_seq, self._rv, line))
+        self._window.cut(self._next_seq, self._rv, line)
         self._stream = (self._rv, self._rv_str)
-        self._oldest_resumable = max(self._oldest_resumable or 0, self._rv)
 
     def evict_expired(self) -> int:
         """Drop events older than ``max_age``; returns how many were dropped."""
@@ -390,10 +314,9 @@ class WatchCache:
                 start_rv=self._rv,
             )
         wanted = parse_rv(rv)
-        assert self._oldest_resumable is not None
-        if any(before < wanted < after for _, before, after in self._gaps):
+        if self._window.expired(wanted):
             return StartPlan(initial=[], next_seq=self._next_seq, expired=True)
-        if wanted < self._oldest_resumable:
+        if self._window.outside(wanted):
             return StartPlan(initial=[], next_seq=self._next_seq, outside_window=True)
         if wanted > self._stream[0]:
             return StartPlan(initial=[], next_seq=self._next_seq, min_rv=wanted, start_rv=wanted)
@@ -416,33 +339,23 @@ class WatchCache:
         oldest = self.oldest_seq
         if seq < oldest:
             return None
-        if start_rv >= 0 and any(
-            seq <= at and before < start_rv < after for at, before, after in self._gaps
-        ):
+        end = self._window.end_of(seq, start_rv, self._next_seq)
+        if end is None:
             return None
-        end = self._next_seq
-        for at, below, _line in self._cutoffs:
-            if start_rv < below:
-                if seq >= at:
-                    return None
-                end = min(end, at)
         if seq >= end:
             return []
         return self._events[self._head + seq - oldest : self._head + end - oldest]
 
     def expired_line(self, rv: str) -> bytes:
         """An ERROR event with a 410 Expired Status for an ``expired`` plan's ``rv``."""
-        oldest = self._oldest_resumable if self._oldest_resumable is not None else 0
+        oldest = self._window.oldest or 0
         shown = str(int(rv)) if rv.isascii() and rv.isdigit() else rv
         status = status_object(410, "Expired", f"too old resource version: {shown} ({oldest})")
         return b'{"type":"ERROR","object":' + encode_json(status) + b"}\n"
 
     def cut_line(self, seq: int, start_rv: int) -> bytes | None:
         """The apiserver's 410 line for a subscriber at a backfill cutoff, else None."""
-        for at, below, line in self._cutoffs:
-            if start_rv < below and seq >= at:
-                return line
-        return None
+        return self._window.cut_line(seq, start_rv)
 
     def bookmark_line(self, *, initial_events_end: bool = False) -> bytes:
         """A BOOKMARK event at the stream RV: every event up to it is in the history."""
@@ -469,7 +382,7 @@ class WatchCache:
             "history_events": self.history_len(),
             "history_bytes": self._bytes,
             "resource_version": self._rv_str,
-            "oldest_resumable_rv": self._oldest_resumable,
+            "oldest_resumable_rv": self._window.oldest,
             "oldest_seq": self.oldest_seq,
             "next_seq": self._next_seq,
         }
@@ -517,18 +430,11 @@ class WatchCache:
             # A client at gone.rv has seen gone and everything else at that RV — except in a
             # relist group, which shares one RV: with part of it gone, a client at that RV
             # could not get the whole group again, so that one RV becomes a (one-RV) gap.
-            rest = head < len(events) and events[head].rv == gone.rv
-            one_rv_gap = (-1, gone.rv - 1, gone.rv + 1)
-            if gone.relist and rest and (not self._gaps or self._gaps[-1] != one_rv_gap):
-                self._gaps.append(one_rv_gap)
-            if self._oldest_resumable is None or gone.rv > self._oldest_resumable:
-                self._oldest_resumable = gone.rv
+            if gone.relist and head < len(events) and events[head].rv == gone.rv:
+                self._window.group_broken(gone.rv)
+            self._window.evicted(gone.rv)
         self._head = head
         self._compact()
-        # Gaps stay after their events are gone: an RV inside one is still ambiguous. Relists
-        # are rare (each follows an upstream 410), so only the oldest beyond a bound are dropped.
-        if len(self._gaps) > MAX_GAPS:
-            del self._gaps[: len(self._gaps) - MAX_GAPS]
         return evicted
 
     def _pinned(self, event: CachedEvent) -> bool:
