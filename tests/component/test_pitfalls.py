@@ -171,11 +171,6 @@ async def test_a_resource_version_ahead_of_the_proxy_waits_instead_of_jumping(
 
 
 # 8 -----------------------------------------------------------------------------------------
-@pytest.mark.xfail(
-    strict=True,
-    reason="relist after 410 lists with resourceVersion='' (a quorum read from etcd on "
-    "apiservers before 1.31) instead of NotOlderThan the last RV it had",
-)
 async def test_relists_are_served_by_the_apiserver_cache_not_etcd(tmp_path: Any) -> None:
     async with running_proxy(tmp_path, FAST_BACKOFF) as running, aiohttp.ClientSession() as s:
         store, stats = running.fake.store, running.fake.stats

@@ -25,6 +25,7 @@ from watchproxy.hub.outcomes import (
     Expired,
     Listed,
     Opened,
+    OpenList,
     OpenWatch,
     Outcome,
     ReadOn,
@@ -89,7 +90,7 @@ class Fetcher:
             path_qs, accept=accept, verb=verb, forwarded_auth=self.forwarded_auth
         )
 
-    async def list(self) -> Outcome:
+    async def list(self, action: OpenList) -> Outcome:
         """A full paginated list, as one outcome."""
         items: list[dict[str, Any]] = []
         list_rv: str | None = None
@@ -97,7 +98,10 @@ class Fetcher:
         while True:
             extra = {"limit": str(LIST_PAGE_SIZE)}
             if token:
-                extra["continue"] = token
+                extra["continue"] = token  # (the apiserver forbids resourceVersion with it)
+            elif action.not_older_than is not None:
+                extra["resourceVersion"] = action.not_older_than
+                extra["resourceVersionMatch"] = "NotOlderThan"
             try:
                 answer = await self._open(self._path(**extra), "list")
             except ProxyError as error:

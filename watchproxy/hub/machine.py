@@ -334,7 +334,8 @@ class SharedWatchMachine:
         else:
             self.counters.lists += 1
         to = Phase.RELISTING if relist else Phase.LISTING
-        return self._go(to, name, OpenList(relist=relist))
+        rv = self.cache.resource_version_str if relist else None
+        return self._go(to, name, OpenList(relist=relist, not_older_than=rv))
 
     def _watch(self, name: str, *, publish: bool = False) -> Step:
         rv = self.cache.stream_resource_version_str

@@ -111,6 +111,9 @@ Outcome = (
 @dataclass(frozen=True, slots=True)
 class OpenList:
     relist: bool
+    # A relist asks for a state no older than the one the cache has: the apiserver serves that
+    # from its watch cache, where resourceVersion="" is a quorum read from etcd (pitfall 8).
+    not_older_than: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

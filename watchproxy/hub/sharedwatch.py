@@ -241,7 +241,7 @@ class SharedWatch:
             action = step.action
             outcome: Outcome
             if isinstance(action, OpenList):
-                outcome = await self.fetcher.list()
+                outcome = await self.fetcher.list(action)
             elif isinstance(action, OpenWatch):
                 step = await self.fetcher.watch(action)
                 continue
