@@ -25,7 +25,10 @@ an RV ``expired`` (the apiserver's 410 for ``R`` is what made it ambiguous: pass
 could lose deletes silently), and a subscriber that joined ahead of the cache with such an RV is
 ended by :meth:`WatchCache.events_from` (pass its ``start_rv``).
 
-The window starts where the clients need it (issue 18). The first :meth:`WatchCache.replace`
+The window starts where the clients need it (issue 18). Mechanism of the old spurious 410s: the
+first list set the oldest resumable RV to the list's RV, so a client whose RV was even one change
+older (an informer that had just LISTed, a client resuming after a restart) was told 410 though
+the apiserver still had that history. Now the first :meth:`WatchCache.replace`
 may be given a ``floor``: the oldest RV a waiting client asked for, older than the list. The
 upstream watch is then opened from the floor, and the events it replays up to the list RV
 ("backfill") enter the history without touching the state, which the list already holds. Two
