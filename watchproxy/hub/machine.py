@@ -88,23 +88,23 @@ TRANSITIONS: tuple[tuple[Phase, str, Phase, str], ...] = (
     (P.WATCHING, "Bookmark", P.WATCHING, "publish"),
     (P.WATCHING, "Event", P.BACKING_OFF, "unreadable"),
     (P.WATCHING, "Bookmark", P.BACKING_OFF, "unreadable"),
-    (P.WATCHING, "Silent", P.WATCHING, "dead: resume from the last RV"),
+    (P.WATCHING, "Silent", P.WATCHING, "dead, resume from the last RV"),
     (P.WATCHING, "Ended", P.WATCHING, "resume from the last RV"),
     (P.WATCHING, "Ended", P.BACKING_OFF, "quick and empty"),
-    (P.WATCHING, "Expired", P.WATCHING, "backfill refused: cut, go on from the list"),
+    (P.WATCHING, "Expired", P.WATCHING, "backfill refused, cut it, go on from the list"),
     (P.WATCHING, "Expired", P.RELISTING, ""),
-    (P.WATCHING, "Refused", P.BACKING_OFF, "429: Retry-After; else back-off"),
+    (P.WATCHING, "Refused", P.BACKING_OFF, "429 waits Retry-After, else back-off"),
     (P.WATCHING, "Broken", P.BACKING_OFF, "upstream up"),
     (P.WATCHING, "Broken", P.WAITING, "upstream down"),
     (P.RELISTING, "Listed", P.WATCHING, "publish the difference"),
-    (P.RELISTING, "Refused", P.BACKING_OFF, "429: Retry-After; else back-off"),
+    (P.RELISTING, "Refused", P.BACKING_OFF, "429 waits Retry-After, else back-off"),
     (P.RELISTING, "Broken", P.BACKING_OFF, "upstream up"),
     (P.RELISTING, "Broken", P.WAITING, "upstream down"),
     (P.BACKING_OFF, "Elapsed", P.LISTING, "the first list failed"),
     (P.BACKING_OFF, "Elapsed", P.WATCHING, "resume"),
     (P.BACKING_OFF, "Elapsed", P.RELISTING, "the relist failed"),
     (P.BACKING_OFF, "Elapsed", P.WAITING, "upstream down"),
-    (P.WAITING, "UpstreamBack", P.BACKING_OFF, "jitter in [0, recovery window)"),
+    (P.WAITING, "UpstreamBack", P.BACKING_OFF, "jittered, under the recovery window"),
     *((phase, "Stop", P.STOPPED, "") for phase in P if phase is not P.STOPPED),
 )
 _ALLOWED = frozenset((a, outcome, b) for a, outcome, b, _ in TRANSITIONS)
@@ -115,7 +115,10 @@ def _mermaid_id(phase: Phase) -> str:
 
 
 def mermaid() -> str:
-    """The transition table as a Mermaid state diagram (``stateDiagram-v2``)."""
+    """The transition table as a Mermaid state diagram (``stateDiagram-v2``).
+
+    Conditions are plain words (no ``:`` or ``;``, which Mermaid reads as syntax).
+    """
     lines = ["stateDiagram-v2"]
     lines += [f'    state "{p.value}" as {_mermaid_id(p)}' for p in Phase]
     lines.append(f"    [*] --> {_mermaid_id(P.IDLE)}")
