@@ -49,6 +49,7 @@ class ConnectionGuard:
         self.metrics = metrics
         self.open = 0
         self.by_transport: dict[Any, GuardedProtocol] = {}
+        metrics.count_client_connections(lambda: self.open)
 
     def __call__(self) -> asyncio.Protocol:
         if self.max_connections and self.open >= self.max_connections:
