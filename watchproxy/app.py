@@ -25,8 +25,10 @@ from watchproxy.server.api import ApiHandler, build_api_app
 from watchproxy.server.listener import ConnectionGuard, status_server_factory
 from watchproxy.server.passthrough import Forwarder
 from watchproxy.server.upgrade import WebSocketRelay
+from watchproxy.server.watchsink import HubEndpoint
 from watchproxy.upstream.client import Upstream
 from watchproxy.upstream.connectivity import Connectivity
+from watchproxy.upstream.watchsource import UpstreamWatchSource
 
 log = logging.getLogger("watchproxy")
 
@@ -79,10 +81,9 @@ class Proxy:
         self.hub: Hub | None = None
         if config.hub.enabled:
             self.hub = Hub(
-                upstream=self.upstream,
-                connectivity=self.connectivity,
+                source=UpstreamWatchSource(self.upstream, config.upstream),
+                health=self.connectivity,
                 hub_config=config.hub,
-                upstream_config=config.upstream,
                 backoff_policy=backoff_policy(config),
                 metrics=self.metrics,
                 forward_identity=config.security.identity == "forward",
@@ -127,7 +128,7 @@ class Proxy:
                 self.config.security.rules, read_only=self.config.security.read_only
             ),
             allowed_hosts=self.config.listen.allowed_hosts,
-            hub=self.hub,
+            hub=HubEndpoint(self.hub) if self.hub is not None else None,
             client_limit=self._client_limit if self.client_limiter is not None else None,
         )
         api_app = build_api_app(handler, max_body_bytes=self.config.limits.max_body_bytes)

@@ -102,6 +102,9 @@ class HubConfig:
     client_watch_max_seconds: float = 3600.0
     upstream_watch_min_seconds: float = 300.0
     upstream_watch_max_seconds: float = 600.0
+    # An upstream watch with neither an event nor a bookmark for this long is dead: about
+    # twice the apiserver's bookmark interval (one minute).
+    upstream_silence_seconds: float = 120.0
 
 
 @dataclass(frozen=True)
@@ -387,6 +390,8 @@ def _check(config: Config, where: str) -> None:
         raise ConfigError(f"{where}: hub.upstream_watch_max_seconds: must be >= the min")
     if h.bookmark_interval_seconds <= 0:
         raise ConfigError(f"{where}: hub.bookmark_interval_seconds: must be > 0")
+    if h.upstream_silence_seconds <= 0:
+        raise ConfigError(f"{where}: hub.upstream_silence_seconds: must be > 0")
     non_negative = {
         "ratelimit.qps": config.ratelimit.qps,
         "ratelimit.burst": config.ratelimit.burst,

@@ -248,7 +248,7 @@ class Metrics:
         self.expired = add(
             Counter,
             "watchproxy_watch_expired",
-            "Client watches answered with an in-stream 410 Expired (resourceVersion too old).",
+            "In-stream 410 Expired written by the hub (an RV a relist made ambiguous).",
         )
         self.slow_subscribers = add(
             Counter,

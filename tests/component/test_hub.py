@@ -102,7 +102,8 @@ async def test_resource_version_semantics(tmp_path: Any) -> None:
         assert watch_opens(running) == 1
 
 
-async def test_rv_older_than_window_gets_in_stream_410(tmp_path: Any) -> None:
+async def test_rv_older_than_window_gets_the_apiservers_answer(tmp_path: Any) -> None:
+    """Older than the hub's history: passed through, never a 410 the apiserver would not give."""
     overrides = {"hub.history_size": 3}
     async with running_proxy(tmp_path, overrides) as running, aiohttp.ClientSession() as session:
         store = running.fake.store
@@ -111,9 +112,17 @@ async def test_rv_older_than_window_gets_in_stream_410(tmp_path: Any) -> None:
         for i in range(6):
             store.modify("pods", "default", "p", set_phase(f"P{i}"))
         await asyncio.sleep(0.2)
-        url = (
-            running.url + PODS + f"?watch=1&resourceVersion={first['metadata']['resourceVersion']}"
-        )
+        old_rv = first["metadata"]["resourceVersion"]
+        url = running.url + PODS + f"?watch=1&resourceVersion={old_rv}&timeoutSeconds=1"
+        # The apiserver still has that history: the client gets all six changes from it.
+        replay = await read_watch(session, url, until=lambda e: len(e) == 6)
+        assert [(e["type"], e["object"]["status"]["phase"]) for e in replay] == [
+            ("MODIFIED", f"P{i}") for i in range(6)
+        ]
+        passed = running.proxy.metrics.passthrough_watches.labels("outside-window")
+        assert passed._value.get() == 1  # type: ignore[attr-defined]
+        # Once the apiserver has compacted it, the 410 the client gets is the apiserver's own.
+        store.compact()
         async with session.get(url) as response:
             assert response.status == 200
             body = await asyncio.wait_for(response.read(), 5)
@@ -123,6 +132,7 @@ async def test_rv_older_than_window_gets_in_stream_410(tmp_path: Any) -> None:
         assert event["type"] == "ERROR"
         assert event["object"]["code"] == 410
         assert event["object"]["reason"] == "Expired"
+        assert running.proxy.metrics.expired._value.get() == 0  # type: ignore[attr-defined]
 
 
 async def test_bookmarks_only_for_clients_that_asked(tmp_path: Any) -> None:

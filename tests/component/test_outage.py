@@ -226,7 +226,10 @@ async def test_bookmarks_continue_at_the_last_rv_during_an_outage(tmp_path: Any)
         task = asyncio.ensure_future(follow())
         hub = running.proxy.hub
         assert hub is not None
-        await wait_for(lambda: hub.active_clients == 1)
+        # Synced, not just subscribed: an outage during the first list is another test.
+        await wait_for(
+            lambda: hub.active_clients == 1 and all(w.cache.synced for w in hub.watches.values())
+        )
         await running.fake.faults.outage("refuse")
         await wait_for(lambda: running.proxy.connectivity.down, what="the proxy to notice")
         outage_started.set()

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from watchproxy.hub.watchcache import (
+from watchproxy.hub.cachetypes import (
     ADDED,
     DELETED,
     MODIFIED,
@@ -17,9 +17,9 @@ from watchproxy.hub.watchcache import (
     ListRegressed,
     NotSynced,
     StartPlan,
-    WatchCache,
     parse_rv,
 )
+from watchproxy.hub.watchcache import WatchCache
 from watchproxy.kube.negotiation import representation_for
 from watchproxy.kube.representation import (
     INITIAL_EVENTS_END_ANNOTATION,
@@ -229,7 +229,7 @@ def test_plan(
 ) -> None:
     cache = synced_cache()
     plan = cache.plan(rv, send_initial_events=sie)
-    assert (plan.next_seq, plan.expired, plan.min_rv, plan.wait_rv) == (
+    assert (plan.next_seq, plan.outside_window, plan.min_rv, plan.wait_rv) == (
         next_seq,
         expired,
         min_rv,
@@ -316,7 +316,7 @@ def test_capacity_eviction_raises_the_resumable_rv_and_ends_slow_cursors() -> No
     assert cache.events_from(0) is None  # that cursor was too slow
     assert [e.seq for e in cache.events_from(1) or []] == [1, 2]
     assert cache.events_from(3) == []
-    assert cache.plan("10").expired
+    assert cache.plan("10").outside_window
     assert cache.plan("11").next_seq == 1
     assert cache.stats() == {
         "objects": 2,
@@ -344,7 +344,7 @@ def test_age_eviction_with_a_fake_clock() -> None:
     cache.apply(ADDED, pod("c", 13))  # apply evicts by age too
     assert cache.oldest_seq == 2 and cache.history_len() == 1
     assert cache.oldest_resumable_rv == 12
-    assert cache.plan("12").next_seq == 2 and cache.plan("11").expired
+    assert cache.plan("12").next_seq == 2 and cache.plan("11").outside_window
     assert cache.events_from(1) is None
 
 
@@ -357,9 +357,9 @@ def test_idle_cache_stays_resumable_from_bookmarks() -> None:
     clock.now += 100
     cache.evict_expired()
     assert cache.history_len() == 0 and cache.oldest_seq == cache.next_seq == 1
-    assert cache.plan("11") == StartPlan(initial=[], next_seq=1)
-    assert cache.plan("30") == StartPlan(initial=[], next_seq=1)
-    assert cache.plan("10").expired
+    assert cache.plan("11") == StartPlan(initial=[], next_seq=1, start_rv=11)
+    assert cache.plan("30") == StartPlan(initial=[], next_seq=1, start_rv=30)
+    assert cache.plan("10").outside_window
 
 
 def test_latest_relist_deletes_outlive_max_age_until_something_newer_arrives() -> None:
@@ -369,11 +369,12 @@ def test_latest_relist_deletes_outlive_max_age_until_something_newer_arrives() -
     cache.replace([], "20")
     clock.now += 100
     assert cache.evict_expired() == 0
-    assert not cache.plan("20").expired  # idle clients at 20 can still resume
+    assert cache.plan("20").next_seq == 0  # idle clients at 20 can still resume (whole group)
     added = cache.apply(ADDED, pod("c", 21))
     assert added is not None and cache.history_len() == 1
-    assert cache.plan("20").next_seq == added.seq  # a client at 20 has seen the relist
-    assert cache.plan("19").expired  # ...but one before it would miss the evicted DELETEs
+    # A client at 20 may have read part of the evicted group: it cannot be made whole.
+    assert cache.plan("20").expired
+    assert cache.plan("19").expired  # inside the relist gap
     assert cache.plan("21").next_seq == cache.next_seq
 
 
@@ -438,13 +439,16 @@ def test_upstream_events_covered_by_a_relist_are_ignored() -> None:
     assert cache.apply(ADDED, pod("f", 21)) is not None
 
 
-def test_resume_at_a_relist_delete_rv_gets_only_what_came_after() -> None:
+def test_resume_at_a_relist_group_rv_gets_the_whole_group_again() -> None:
     cache, events = relisted_cache()
-    assert cache.plan("20").next_seq == cache.next_seq  # "only events after 20": no repeats
+    group = [e for e in events if e.rv == 20]
+    # A client that stopped reading inside the DELETE group holds RV 20 without the rest of
+    # it: "only events after 20" would lose deletes silently, so the group comes again.
+    assert cache.plan("20").next_seq == group[0].seq
     assert cache.plan("11").next_seq == events[0].seq  # from before the relist: all of it
     added = cache.apply(ADDED, pod("f", 21))
     assert added is not None
-    assert cache.plan("20").next_seq == added.seq
+    assert cache.plan("20").next_seq == group[0].seq
     assert cache.plan("21").next_seq == cache.next_seq
 
 
@@ -455,9 +459,12 @@ def test_evicting_a_relist_delete_makes_rvs_before_it_unresumable() -> None:
     added = cache.apply(ADDED, pod("x", 21))  # evicts DELETE a
     assert added is not None
     assert cache.oldest_resumable_rv == 20
-    assert cache.plan("19").expired
-    assert cache.plan("20").next_seq == added.seq
+    assert cache.plan("19").expired  # inside the relist gap
+    assert cache.plan("20").expired  # the group at 20 is no longer whole
     assert cache.plan("21").next_seq == cache.next_seq
+    cache.apply(ADDED, pod("y", 22))
+    cache.apply(ADDED, pod("z", 23))  # the whole group is gone: 20 stays ambiguous
+    assert cache.plan("20").expired and cache.plan("21").next_seq == added.seq + 1
 
 
 def test_relist_with_older_rv_is_refused_and_reset_ends_every_cursor() -> None:
@@ -469,14 +476,14 @@ def test_relist_with_older_rv_is_refused_and_reset_ends_every_cursor() -> None:
     assert cache.events_from(caught_up) is None and cache.events_from(0) is None
     assert cache.resource_version == 12 and cache.oldest_resumable_rv == 12
     assert keyed(cache.objects_snapshot()) == keyed([pod("a", 3)])
-    assert cache.plan("11").expired
-    assert cache.plan("12") == StartPlan(initial=[], next_seq=cache.next_seq)
+    assert cache.plan("11").outside_window
+    assert cache.plan("12") == StartPlan(initial=[], next_seq=cache.next_seq, start_rv=12)
 
 
 def test_rv_inside_a_relist_gap_is_expired() -> None:
     cache, _ = relisted_cache()  # relist from 11 to 20; e@12 and b@15 inside
     for rv in ("12", "15", "19"):
-        assert cache.plan(rv).expired
+        assert cache.plan(rv).expired and not cache.plan(rv).outside_window
     assert not cache.plan("11").expired and not cache.plan("20").expired
 
 
@@ -674,18 +681,21 @@ def test_every_subscriber_reaches_the_current_state(data: st.DataObject) -> None
             elif mode == "point":
                 rv_str, state, seq = data.draw(st.sampled_from(checkpoints))
                 plan = cache.plan(rv_str)
-                if plan.expired:
-                    rv = int(rv_str)
-                    assert rv < (cache.oldest_resumable_rv or 0) or any(
-                        before < rv < after for before, after in gaps
-                    )
+                rv = int(rv_str)
+                if plan.outside_window:
+                    assert rv < (cache.oldest_resumable_rv or 0)
+                elif plan.expired:  # inside a relist gap, or at a relist group partly evicted
+                    assert any(before < rv < after for before, after in gaps) or rv in {
+                        after for _, after in gaps
+                    }
                 else:
                     subscribers.append(Subscriber(plan, dict(state), int(rv_str), seq))
             else:  # the client did its own consistent LIST upstream
                 plan = cache.plan(str(etcd_rv))
-                if plan.expired:  # only just after evicting a relist DELETE at etcd_rv
-                    assert etcd_rv < (cache.oldest_resumable_rv or 0)
+                if plan.expired:  # only just after evicting part of a relist group at etcd_rv
+                    assert etcd_rv in {after for _, after in gaps}
                     continue
+                assert not plan.outside_window
                 subscribers.append(Subscriber(plan, keyed(list(truth.values())), etcd_rv, None))
         assert mirror == keyed(cache.objects_snapshot())
         assert cache.history_len() <= capacity
@@ -695,7 +705,7 @@ def test_every_subscriber_reaches_the_current_state(data: st.DataObject) -> None
     assert keyed(cache.objects_snapshot()) == keyed(list(truth.values()))
 
     for sub in subscribers:
-        events = cache.events_from(sub.plan.next_seq, sub.plan.min_rv)
+        events = cache.events_from(sub.plan.next_seq, sub.plan.start_rv)
         if events is None:
             continue  # evicted (too slow), or a relist jumped over it: it is ended
         lines = [line for line in sub.plan.initial if decode(line)[0] != "BOOKMARK"]
@@ -705,10 +715,13 @@ def test_every_subscriber_reaches_the_current_state(data: st.DataObject) -> None
         previous = floor
         for event in delivered:
             assert event.rv >= previous  # never back in time
-            assert event.rv > floor  # "only events after N": nothing at or before it again
+            # "only events after N": nothing at or before it again — except a relist group
+            # at exactly N, which is replayed whole (at least once for that group)
+            again = event.relist and event.rv == floor
+            assert event.rv > floor or again
             previous = event.rv
             if sub.after_seq is not None:
-                assert event.seq > sub.after_seq  # never an event it already had
+                assert event.seq > sub.after_seq or again  # never an event it already had
         seqs = [e.seq for e in delivered]
         assert len(seqs) == len(set(seqs))
         apply_lines(sub.state, [e.line for e in delivered])

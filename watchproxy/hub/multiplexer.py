@@ -1,9 +1,15 @@
 """The watch hub: identical client watches share one upstream watch; each client gets its stream.
 
-``Hub.serve`` is what the API handler calls for every watch request. It returns None for a
-watch it cannot serve faithfully (the handler passes it through unchanged), and otherwise
-answers the client from the key's shared state: synthetic ADDEDs, a replay from the history
-ring, or an in-stream 410 Expired — then live events, all from one upstream watch per key.
+``Hub.serve`` is what the API handler calls (through ``watchproxy.server.watchsink``) for every
+watch request. It returns None for a watch it cannot serve faithfully (the handler passes it
+through unchanged), a :class:`Refusal` when the apiserver refused the key's list, and otherwise
+streams the client's answer from the key's shared state: synthetic ADDEDs or a replay from the
+history ring, then live events, all from one upstream watch per key.
+
+A resourceVersion older than the key's history is not refused here (issue 18): before the
+key's first list, the shared watch starts its history at the oldest RV its clients ask for;
+after it, such a watch is passed through, and the apiserver answers it (its events, or its own
+410). The hub writes a 410 only for an RV that a relist made ambiguous (see ``watchcache``).
 """
 
 from __future__ import annotations
@@ -13,15 +19,17 @@ import logging
 import random
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from aiohttp import web
+from multidict import CIMultiDict, CIMultiDictProxy
 
-from watchproxy.config import HubConfig, UpstreamConfig
+from watchproxy.config import HubConfig
 from watchproxy.errors import TooManyRequests, UpstreamTimeout, UpstreamUnavailable
+from watchproxy.hub.cachetypes import StartPlan
+from watchproxy.hub.ports import UpstreamHealth, WatchSource, WatchStarter
 from watchproxy.hub.sharedwatch import SharedWatch, UpstreamRefused
 from watchproxy.hub.subscriber import Subscriber, SubscriberOptions
-from watchproxy.hub.watchcache import StartPlan
 from watchproxy.hub.watchkey import Unservable, WatchKey, identity_of, watch_key
 from watchproxy.kube.apipath import ApiPath
 from watchproxy.kube.headers import forwarded_credential
@@ -29,8 +37,8 @@ from watchproxy.kube.representation import Representation, encode_json
 from watchproxy.kube.watchquery import WatchQuery
 from watchproxy.metrics import Metrics
 from watchproxy.policy.backoff import BackoffPolicy
-from watchproxy.upstream.client import Upstream
-from watchproxy.upstream.connectivity import Connectivity
+
+Headers = CIMultiDictProxy[str] | CIMultiDict[str]
 
 log = logging.getLogger("watchproxy.hub")
 
@@ -40,16 +48,27 @@ INITIAL_SYNC_TIMEOUT = 30.0
 TOO_LARGE_RV_WAIT = 3.0
 
 
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """The apiserver refused the key's list: the client gets that same answer."""
+
+    status: int
+    body: bytes
+    content_type: str
+
+
+STREAMED = "streamed"  # Hub.serve wrote the client's whole watch stream
+
+
 class Hub:
     """Owns every SharedWatch; each is started on first use and stopped after its linger."""
 
     def __init__(
         self,
         *,
-        upstream: Upstream,
-        connectivity: Connectivity,
+        source: WatchSource,
+        health: UpstreamHealth,
         hub_config: HubConfig,
-        upstream_config: UpstreamConfig,
         backoff_policy: BackoffPolicy,
         metrics: Metrics,
         forward_identity: bool = False,
@@ -57,10 +76,9 @@ class Hub:
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.upstream = upstream
-        self.connectivity = connectivity
+        self.source = source
+        self.health = health
         self.config = hub_config
-        self.upstream_config = upstream_config
         self.backoff_policy = backoff_policy
         self.metrics = metrics
         self.forward_identity = forward_identity
@@ -85,10 +103,9 @@ class Hub:
         shared = SharedWatch(
             key,
             representation,
-            upstream=self.upstream,
-            connectivity=self.connectivity,
+            source=self.source,
+            health=self.health,
             hub_config=self.config,
-            upstream_config=self.upstream_config,
             backoff_policy=self.backoff_policy,
             metrics=self.metrics,
             rng=self.rng,
@@ -119,22 +136,23 @@ class Hub:
         )
 
     def _key(
-        self, request: web.Request, api_path: ApiPath, query: WatchQuery
+        self, headers: Headers, api_path: ApiPath, query: WatchQuery
     ) -> tuple[str | None, tuple[WatchKey, Representation] | Unservable]:
         """The credential the request runs as (forward mode only) and its watch key."""
-        auth = forwarded_credential(request.headers, self.forward_identity)
+        auth = forwarded_credential(headers, self.forward_identity)
         found = watch_key(
             api_path,
             query,
-            accept=request.headers.get("Accept"),
+            accept=headers.get("Accept"),
             identity=identity_of(auth, self.forward_identity),
         )
         return auth, found
 
     async def serve(
-        self, request: web.Request, api_path: ApiPath, query: WatchQuery
-    ) -> web.StreamResponse | None:
-        auth, found = self._key(request, api_path, query)
+        self, api_path: ApiPath, query: WatchQuery, headers: Headers, starter: WatchStarter
+    ) -> Refusal | str | None:
+        """Serve one client watch: None = pass it through, a Refusal, or STREAMED."""
+        auth, found = self._key(headers, api_path, query)
         if isinstance(found, Unservable):
             self.metrics.passthrough_watches.labels(found.reason).inc()
             return None
@@ -144,12 +162,15 @@ class Hub:
                 f"watchproxy serves at most {self.max_watches} watches", retry_after=5
             )
         shared = self.watches.get(key)
-        if (shared is None or not shared.cache.synced) and self.connectivity.down:
+        if (shared is None or not shared.cache.synced) and self.health.down:
             raise UpstreamUnavailable(
                 "the apiserver is unreachable and this watch has no shared state yet",
-                retry_after=self.connectivity.retry_after(),
+                retry_after=self.health.retry_after(),
             )
         shared = self._shared(key, representation, auth)
+        resuming = query.resource_version not in (None, "", "0") and not query.send_initial_events
+        if resuming and query.resource_version is not None:
+            shared.want(query.resource_version)
         shared.attach()
         self.active_clients += 1
         gauge = self.metrics.subscribers.labels(key.resource_label)
@@ -158,30 +179,27 @@ class Hub:
             try:
                 await shared.wait_synced(INITIAL_SYNC_TIMEOUT)
             except UpstreamRefused as refused:
-                answer = web.Response(status=refused.status, body=refused.body)
-                answer.headers["Content-Type"] = refused.content_type or "application/json"
-                return answer
+                return Refusal(refused.status, refused.body, refused.content_type)
             plan = await self._plan(shared, query)
-            response = web.StreamResponse(status=200)
-            response.content_type = "application/json"
-            response.enable_chunked_encoding()
-            response.headers["Cache-Control"] = "no-cache, private"
+            if plan.outside_window:
+                # Older than this key's history: only the apiserver knows (issue 18).
+                self.metrics.passthrough_watches.labels("outside-window").inc()
+                return None
             try:
-                await response.prepare(request)
+                sink = await starter.start()
                 if plan.expired:
                     self.metrics.expired.inc()
                     self.metrics.events_sent.labels(key.resource_label).inc()
-                    await response.write(shared.cache.expired_line(query.resource_version or ""))
-                    await response.write_eof()
-                    return response
+                    await sink.write(shared.cache.expired_line(query.resource_version or ""))
+                    await sink.write_eof()
+                    return STREAMED
             except ConnectionError:
-                return response  # the client left while its watch was being set up
-            if query.resource_version not in (None, "", "0") and not query.send_initial_events:
+                return STREAMED  # the client left while its watch was being set up
+            if resuming:
                 self.metrics.replays.inc()
             subscriber = Subscriber(
                 shared,
-                response,
-                request,
+                sink,
                 SubscriberOptions(
                     deadline_seconds=self._deadline(query),
                     bookmarks=bool(query.allow_watch_bookmarks),
@@ -193,15 +211,13 @@ class Hub:
                 clock=self.clock,
             )
             await subscriber.run(plan)
-            return response
+            return STREAMED
         finally:
             gauge.dec()
             self.active_clients -= 1
             shared.detach()
 
-    def serve_list(
-        self, request: web.Request, api_path: ApiPath, query: WatchQuery
-    ) -> web.Response | None:
+    def serve_list(self, api_path: ApiPath, query: WatchQuery, headers: Headers) -> bytes | None:
         """A LIST with resourceVersion=0 ("any state") from a synced shared watch, if one fits.
 
         Like the apiserver's watch cache, this answers without an upstream request — and keeps
@@ -209,7 +225,7 @@ class Hub:
         """
         if query.resource_version != "0" or query.continue_token:
             return None
-        _auth, found = self._key(request, api_path, query)
+        _auth, found = self._key(headers, api_path, query)
         if isinstance(found, Unservable):
             return None
         shared = self.watches.get(found[0])
@@ -218,7 +234,7 @@ class Hub:
         rv = shared.cache.resource_version_str or "0"
         body = shared.representation.list_body(shared.cache.objects_snapshot(), rv)
         self.metrics.lists_from_cache.inc()
-        return web.Response(body=encode_json(body), content_type="application/json")
+        return encode_json(body)
 
     async def _plan(self, shared: SharedWatch, query: WatchQuery) -> StartPlan:
         """The client's start point; for an RV newer than the cache, wait for it (bounded)."""
@@ -244,9 +260,12 @@ class Hub:
         """End every shared watch; their subscribers finish their streams cleanly."""
         watches = list(self.watches.values())
         self.watches.clear()
-        await asyncio.gather(*(w.close() for w in watches), return_exceptions=True)
-        if self._retired:
-            await asyncio.gather(*self._retired, return_exceptions=True)
+        results = await asyncio.gather(
+            *(w.close() for w in watches), *self._retired, return_exceptions=True
+        )
+        for result in results:
+            if isinstance(result, Exception):  # each close is still awaited: none is skipped
+                log.error("closing a shared watch failed", exc_info=result)
 
     def debug(self) -> list[dict[str, Any]]:
         return [w.debug() for w in self.watches.values()]

@@ -14,10 +14,9 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from aiohttp import web
-
+from watchproxy.hub.cachetypes import StartPlan
+from watchproxy.hub.ports import WatchSink
 from watchproxy.hub.sharedwatch import SharedWatch
-from watchproxy.hub.watchcache import StartPlan
 from watchproxy.metrics import Metrics
 
 log = logging.getLogger("watchproxy.hub")
@@ -41,15 +40,13 @@ class Subscriber:
     def __init__(
         self,
         shared: SharedWatch,
-        response: web.StreamResponse,
-        request: web.Request,
+        sink: WatchSink,
         options: SubscriberOptions,
         metrics: Metrics,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.shared = shared
-        self.response = response
-        self.request = request
+        self.sink = sink
         self.options = options
         self.clock = clock
         label = shared.key.resource_label
@@ -59,15 +56,9 @@ class Subscriber:
         self.ended_because = ""
         self.stalled = False
 
-    def _client_gone(self) -> bool:
-        transport = self.request.transport
-        return transport is None or transport.is_closing()
-
     def _abort_stalled(self) -> None:
         self.stalled = True
-        transport = self.request.transport
-        if transport is not None:
-            transport.abort()  # wakes the blocked write with a connection error
+        self.sink.abort()  # wakes the blocked write with a connection error
 
     async def _bounded(self, write: Awaitable[None]) -> None:
         # A timer, not wait_for: cancelling aiohttp's drain does not reliably end it, while
@@ -81,14 +72,14 @@ class Subscriber:
             timer.cancel()
 
     async def _write(self, data: bytes, events: int) -> None:
-        await self._bounded(self.response.write(data))
+        await self._bounded(self.sink.write(data))
         self._sent.inc(events)
         self._bytes.inc(len(data))
 
     async def run(self, plan: StartPlan) -> None:
         cache = self.shared.cache
         cursor = plan.next_seq
-        min_rv = plan.min_rv
+        min_rv, start_rv = plan.min_rv, plan.start_rv
         me = id(self)
         self.shared.cursors[me] = cursor
         started = self.clock()
@@ -105,7 +96,13 @@ class Subscriber:
                 if self.shared.closed:
                     self.ended_because = "shared watch closed"
                     break
-                events = cache.events_from(cursor, min_rv)
+                events = cache.events_from(cursor, start_rv)
+                if events is None and (cut := cache.cut_line(cursor, start_rv)) is not None:
+                    # The apiserver refused the history this client started from (see
+                    # WatchCache.abandon_backfill): it gets the apiserver's own 410 and ends.
+                    self.ended_because = "expired upstream"
+                    await self._write(cut, 1)
+                    break
                 if events is None or cache.next_seq - cursor > self.options.max_lag:
                     self._slow.inc()
                     self.ended_because = "too slow"
@@ -136,18 +133,17 @@ class Subscriber:
                 wake = min(deadline, next_bookmark if self.options.bookmarks else deadline)
                 timeout = min(max(0.0, wake - now), LIVENESS_POLL_SECONDS)
                 await self.shared.wait_change(timeout)
-                if self._client_gone():
+                if self.sink.client_gone():
                     self.ended_because = "client gone"
                     return
             if self.options.bookmarks and self.ended_because == "deadline":
                 await self._bookmark(min_rv)
             # A stalled client cannot even take the end of the stream: bounded like a write.
-            await self._bounded(self.response.write_eof())
-        except (ConnectionError, RuntimeError):
+            await self._bounded(self.sink.write_eof())
+        except ConnectionError:
             # The client went away or stopped reading: its stream is over, nobody else waits.
             self.ended_because = self.ended_because or "client gone"
-            if self.request.transport is not None:
-                self.request.transport.close()
+            self.sink.close()
         finally:
             if self.stalled and self.ended_because != "too slow":
                 self.ended_because = "stalled"
@@ -159,7 +155,9 @@ class Subscriber:
             self.shared.cursors.pop(me, None)
 
     async def _bookmark(self, min_rv: int) -> None:
-        rv = self.shared.cache.resource_version
+        # The stream RV, not the state's: during a backfill the history is complete only up
+        # to it, and a bookmark promises the client everything up to its RV.
+        rv = self.shared.cache.stream_resource_version
         if rv is None or rv < min_rv:
             return  # never send a client a resourceVersion older than one it already has
         await self._write(self.shared.cache.bookmark_line(), 0)

@@ -8,35 +8,44 @@ the history; :meth:`WatchCache.plan` says where a new subscriber starts and what
 resourceVersions are compared as integers (the hub shares only keys whose RVs parse as
 decimal integers) and handed to clients exactly as upstream spelled them.
 
-Relist without breaking streams. After the first sync, a later :meth:`WatchCache.replace`
-(relist after an upstream 410 Expired, or after an outage longer than the window) diffs the new
-list against the current state and appends the events that bring every subscriber to it:
-ADDED for new objects and MODIFIED for objects whose RV changed, in ascending order of their
-own RV, then DELETED for objects that are gone, last, each carrying the last known state with
-``metadata.resourceVersion`` set to the LIST's RV. The real deletion RV is unknown; the list RV
-is the first RV at which the object is known to be gone, and putting the DELETEs last at that
-RV keeps every client's RVs from going backwards. Unchanged objects produce nothing. These
-DELETEs share one RV; a client resuming at exactly that RV gets only events after it, as the
-contract says ("RV N: only events after N, never a repeat"). A subscriber's stream never ends
-inside such a group: it writes every pending event in one batch before it checks its
-deadline, so only a client that dies mid-write can resume having seen part of the group.
-Upstream events at or below the cache RV (the relist covered them, or a reconnect repeated
-them) are ignored.
+Relist without breaking streams: a later :meth:`WatchCache.replace` (after an upstream 410)
+appends the diff to the current state: ADDED/MODIFIED in ascending order of their own RV, then
+DELETED for objects gone, carrying the last known state at the LIST's RV (the first RV at which
+each is known gone; last, so that no client's RVs go backwards). These events can share the list
+RV ``L``, so a client that stopped reading inside the group holds ``L`` without the whole group.
+Mechanism of the old silent hole: "RV N: only events after N" skipped the rest of the group for
+such a client. Now a resume at exactly ``L`` replays every relist event at ``L`` (at least once
+for that group: idempotent for informers, whose store ignores a DELETE of a key it does not
+hold), and once eviction has taken any of the group, ``L`` is answered ``expired``.
 
 A relist from cache RV ``R`` to list RV ``L`` is a gap in the history: a client whose state is
-at an RV strictly between them (from its own LIST, or from the middle of the diff) may hold an
-object created and deleted within the gap, which no diff can know to delete. Such an RV is
-answered with 410 Expired by :meth:`WatchCache.plan`, and a subscriber that joined ahead of
-the cache with such an RV is ended by :meth:`WatchCache.events_from` (pass its ``min_rv``).
+at an RV strictly between them may hold an object created and deleted within the gap, which no
+diff can know to delete, or may have read part of the diff. :meth:`WatchCache.plan` answers such
+an RV ``expired`` (the apiserver's 410 for ``R`` is what made it ambiguous: passing it through
+could lose deletes silently), and a subscriber that joined ahead of the cache with such an RV is
+ended by :meth:`WatchCache.events_from` (pass its ``start_rv``).
+
+The window starts where the clients need it (issue 18). Mechanism of the old spurious 410s: the
+first list set the oldest resumable RV to the list's RV, so a client whose RV was even one change
+older (an informer that had just LISTed, a client resuming after a restart) was told 410 though
+the apiserver still had that history. Now the first :meth:`WatchCache.replace`
+may be given a ``floor``: the oldest RV a waiting client asked for, older than the list. The
+upstream watch is then opened from the floor, and the events it replays up to the list RV
+("backfill") enter the history without touching the state, which the list already holds. Two
+RVs follow: ``resource_version`` (what the state reflects) and ``stream_resource_version``
+(up to where the history is complete: the upstream watch resumes from it, and bookmarks carry
+it); they differ only during the backfill. If the apiserver answers 410 for the backfill,
+:meth:`WatchCache.abandon_backfill` records a cutoff: subscribers that started below the list
+RV read what they had, then get the apiserver's own 410 line and end.
+
+Apart from those relist consequences, the cache makes up no 410: an RV older than its history
+is ``outside_window``, and the hub passes that watch to the apiserver, whose answer (events or
+its own 410) is the right one.
 
 Eviction: beyond ``capacity`` events, and events older than ``max_age`` except the DELETEs of
-the latest relist while nothing newer has arrived (see above: their RV is every idle client's).
-Evicting an event makes RVs below its own unresumable.
-
-A list whose RV is older than the cache's (an etcd restore, a stale read) cannot be reconciled
-without sending clients back in time: :meth:`WatchCache.replace` raises
-:class:`ListRegressed`, and the hub either relists consistently or calls
-:meth:`WatchCache.reset`, which evicts every cursor.
+the latest relist while nothing newer has arrived. Evicting an event makes RVs below its own
+unresumable. A list older than the cache (an etcd restore, a stale read) raises
+:class:`ListRegressed`; :meth:`WatchCache.reset` then starts over and evicts every cursor.
 """
 
 from __future__ import annotations
@@ -47,77 +56,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from watchproxy.errors import status_object
+from watchproxy.hub.cachetypes import (
+    ADDED,
+    DELETED,
+    MODIFIED,
+    CachedEvent,
+    ListRegressed,
+    NotSynced,
+    StartPlan,
+    parse_rv,
+)
+from watchproxy.hub.window import ResumeWindow
 from watchproxy.kube.representation import Representation, encode_json
 
-__all__ = [
-    "ADDED",
-    "DELETED",
-    "MODIFIED",
-    "CachedEvent",
-    "ListRegressed",
-    "NotSynced",
-    "StartPlan",
-    "WatchCache",
-    "parse_rv",
-]
-
-ADDED = "ADDED"
-MODIFIED = "MODIFIED"
-DELETED = "DELETED"
 _EVENT_TYPES = frozenset({ADDED, MODIFIED, DELETED})
-
 Obj = dict[str, Any]
-
-
-def parse_rv(rv: str) -> int:
-    """A resourceVersion as an integer; ``ValueError`` unless it is plain decimal digits."""
-    if not rv.isascii() or not rv.isdigit():
-        raise ValueError(f"resourceVersion {rv!r} is not a decimal integer")
-    return int(rv)
-
-
-class NotSynced(RuntimeError):
-    """The cache has not received its first LIST yet."""
-
-
-class ListRegressed(ValueError):
-    """A relist's RV is older than the cache's: applying it would send clients back in time."""
-
-
-@dataclass(frozen=True, slots=True)
-class CachedEvent:
-    """One event in the history; ``line`` is written unchanged to every subscriber."""
-
-    seq: int  # position in this cache's history, strictly increasing by 1
-    type: str  # ADDED | MODIFIED | DELETED
-    rv: int  # the event's RV (relist DELETEs: the list RV); never decreases along the history
-    key: str  # "namespace/name", or "name" if cluster-scoped
-    line: bytes  # b'{"type":"ADDED","object":{...}}\n', compact JSON
-    time: float  # clock() when it entered the cache
-    relist: bool = False  # synthesised by a relist diff rather than received from upstream
-
-
-@dataclass(frozen=True, slots=True)
-class StartPlan:
-    """Where a new subscriber starts.
-
-    Write ``initial`` first, then ``events_from(next_seq)`` onwards, skipping events for
-    which :meth:`wants` is false. ``expired``: send ``expired_line`` and end instead.
-    ``wait_rv``: sendInitialEvents with an RV newer than the cache; plan again once
-    ``resource_version >= wait_rv`` (or time out as the apiserver does).
-    """
-
-    initial: list[bytes]
-    next_seq: int
-    expired: bool = False
-    initial_rv: str | None = None  # the RV at which ``initial`` is the complete state
-    # Skip events with rv <= min_rv, and send no BOOKMARK below it: the client is ahead of
-    # the cache. -1 (everything) unless the client's RV is newer than the cache's.
-    min_rv: int = -1
-    wait_rv: int | None = None
-
-    def wants(self, event: CachedEvent) -> bool:
-        return event.rv > self.min_rv
 
 
 @dataclass(slots=True)
@@ -132,8 +85,9 @@ class WatchCache:
 
     Guarantees: history RVs never decrease and seqs increase by one; every event in history
     with ``rv > N`` for ``N >= oldest_resumable_rv`` is retained, so a client at ``N`` that
-    replays them (see :meth:`plan`) reaches the current state; events at or below the cache
-    RV are never appended twice; the history holds at most ``capacity`` events and, once
+    replays them (see :meth:`plan`) reaches the current state; events at or below the stream
+    RV are never appended twice; an RV the history cannot serve is never answered with a
+    made-up 410 (``outside_window``); the history holds at most ``capacity`` events and, once
     :meth:`apply` or :meth:`evict_expired` ran, none older than ``max_age`` except the DELETEs
     of the latest relist while they are the newest events. No I/O, no locking.
     """
@@ -159,10 +113,10 @@ class WatchCache:
         self._head = 0
         self._bytes = 0
         self._next_seq = 0
-        self._rv: int | None = None
+        self._rv: int | None = None  # the state's RV
         self._rv_str: str | None = None
-        self._oldest_resumable: int | None = None
-        self._gaps: list[tuple[int, int, int]] = []  # (seq at the relist, RV before, list RV)
+        self._stream: tuple[int, str] | None = None  # history complete up to here
+        self._window = ResumeWindow()
         self._bookmark_cache: tuple[str, bytes] | None = None
 
     # --- properties ---------------------------------------------------------------------
@@ -184,6 +138,20 @@ class WatchCache:
         return self._rv_str
 
     @property
+    def stream_resource_version(self) -> int | None:
+        """Every event up to this RV is in the history: the upstream watch resumes from here."""
+        return self._stream[0] if self._stream is not None else None
+
+    @property
+    def stream_resource_version_str(self) -> str | None:
+        return self._stream[1] if self._stream is not None else None
+
+    @property
+    def backfilling(self) -> bool:
+        """The history is still being filled up to the state's RV (see the module docstring)."""
+        return self._stream is not None and self._rv is not None and self._stream[0] < self._rv
+
+    @property
     def next_seq(self) -> int:
         return self._next_seq
 
@@ -193,7 +161,7 @@ class WatchCache:
 
     @property
     def oldest_resumable_rv(self) -> int | None:
-        return self._oldest_resumable
+        return self._window.oldest
 
     def __len__(self) -> int:
         return len(self._state)
@@ -203,19 +171,31 @@ class WatchCache:
 
     # --- feeding ------------------------------------------------------------------------
 
-    def replace(self, items: list[Obj], list_rv: str) -> list[CachedEvent]:
-        """Apply a LIST; the first one syncs silently, later ones append the diff events."""
+    def replace(
+        self, items: list[Obj], list_rv: str, *, floor: str | None = None
+    ) -> list[CachedEvent]:
+        """Apply a LIST; the first one syncs silently, later ones append the diff events.
+
+        ``floor`` (first LIST only): the oldest RV a client waits for; when it is older than
+        the list, the history starts there and the upstream watch must replay from it.
+        """
         rv = parse_rv(list_rv)
         keyed = self._keyed(items)
         if self._rv is None:
             self._state = keyed
             self._set_rv(rv, list_rv)
-            self._oldest_resumable = rv
+            self._stream = (rv, list_rv)
+            start = rv
+            if floor is not None and parse_rv(floor) < rv:
+                start = parse_rv(floor)
+                self._stream = (start, floor)
+            self._window.start(start)
             return []
+        if self.backfilling:
+            raise RuntimeError("relist during a backfill: abandon_backfill() first")
         if rv < self._rv:
             raise ListRegressed(f"list resourceVersion {rv} is older than the cache's {self._rv}")
-        if rv > self._rv:
-            self._gaps.append((self._next_seq, self._rv, rv))
+        self._window.relisted(self._next_seq, self._rv, rv)
         now = self._clock()
         changed = [
             (entry.rv, key, entry)
@@ -225,17 +205,18 @@ class WatchCache:
         changed.sort(key=lambda c: (c[0], c[1]))
         gone = sorted(key for key in self._state if key not in keyed)
         out: list[CachedEvent] = []
-        floor = self._rv
+        at_least = self._rv
         for obj_rv, key, entry in changed:
             event_type = MODIFIED if key in self._state else ADDED
             self._state[key] = entry
-            floor = max(floor, obj_rv)  # only anomalous upstream data is below the cache RV
-            out.append(self._append(event_type, floor, key, entry.obj, now, relist=True))
+            at_least = max(at_least, obj_rv)  # only anomalous data is below the cache RV
+            out.append(self._append(event_type, at_least, key, entry.obj, now, relist=True))
         for key in gone:
             last = self._state.pop(key)
             obj = self._rep.with_rv(last.obj, list_rv)
             out.append(self._append(DELETED, rv, key, obj, now, relist=True))
         self._set_rv(rv, list_rv)
+        self._stream = (rv, list_rv)
         self._evict(now)
         return out
 
@@ -249,41 +230,62 @@ class WatchCache:
         rv = parse_rv(list_rv)
         self._state = self._keyed(items)
         self._events, self._head, self._bytes = [], 0, 0
-        self._gaps = []
         self._next_seq += 1
         self._rv, self._rv_str = rv, list_rv
-        self._oldest_resumable = rv
+        self._stream = (rv, list_rv)
+        self._window.start(rv)
         self._bookmark_cache = None
 
     def apply(self, event_type: str, obj: Obj) -> CachedEvent | None:
-        """An upstream ADDED/MODIFIED/DELETED; None if it is at or below the cache RV."""
-        if self._rv is None:
+        """An upstream ADDED/MODIFIED/DELETED; None if it is at or below the stream RV.
+
+        During a backfill, an event at or below the state's RV enters the history only: the
+        state already holds its effect.
+        """
+        if self._rv is None or self._stream is None:
             raise NotSynced("apply() before the first replace()")
         if event_type not in _EVENT_TYPES:
             raise ValueError(f"unexpected event type {event_type!r}")
         obj = self._rep.prepare(obj)
         rv_str = self._rep.object_rv(obj)
         rv = parse_rv(rv_str)
-        if rv <= self._rv:
+        if rv <= self._stream[0]:
             return None
         key = self._rep.object_key(obj)
-        if event_type == DELETED:
-            self._state.pop(key, None)
-        else:  # ADDED for a known key / MODIFIED for an unknown one: upsert, keep the type
-            self._state[key] = _Entry(obj, rv)
+        if rv > self._rv:
+            if event_type == DELETED:
+                self._state.pop(key, None)
+            else:  # ADDED for a known key / MODIFIED for an unknown one: upsert, keep the type
+                self._state[key] = _Entry(obj, rv)
+            self._set_rv(rv, rv_str)
         now = self._clock()
         event = self._append(event_type, rv, key, obj, now, relist=False)
-        self._set_rv(rv, rv_str)
+        self._stream = (rv, rv_str)
         self._evict(now)
         return event
 
     def bookmark(self, rv: str) -> None:
-        """An upstream BOOKMARK: the cache is complete up to ``rv``."""
-        if self._rv is None:
+        """An upstream BOOKMARK: the history is complete up to ``rv``."""
+        if self._rv is None or self._stream is None:
             raise NotSynced("bookmark() before the first replace()")
         value = parse_rv(rv)
+        if value > self._stream[0]:
+            self._stream = (value, rv)
         if value > self._rv:
             self._set_rv(value, rv)
+
+    def abandon_backfill(self, line: bytes) -> None:
+        """The apiserver answered 410 for the backfill: give it up (see the module docstring).
+
+        Subscribers that started below the state's RV are cut once they have read what the
+        history holds now, with ``line`` (the apiserver's ERROR event); RVs below the state's
+        RV stop being resumable, and the stream goes on from the state's RV.
+        """
+        if not self.backfilling:
+            return
+        assert self._rv is not None and self._rv_str is not None
+        self._window.cut(self._next_seq, self._rv, line)
+        self._stream = (self._rv, self._rv_str)
 
     def evict_expired(self) -> int:
         """Drop events older than ``max_age``; returns how many were dropped."""
@@ -293,7 +295,7 @@ class WatchCache:
 
     def plan(self, rv: str | None, *, send_initial_events: bool = False) -> StartPlan:
         """Where a subscriber asking for ``rv`` starts (see the module docstring)."""
-        if self._rv is None or self._rv_str is None:
+        if self._rv is None or self._rv_str is None or self._stream is None:
             raise NotSynced("plan() before the first replace()")
         if rv in (None, "", "0") or send_initial_events:
             if send_initial_events and rv not in (None, ""):
@@ -305,59 +307,73 @@ class WatchCache:
             initial = self._initial_lines()
             if send_initial_events:
                 initial.append(self.bookmark_line(initial_events_end=True))
-            return StartPlan(initial=initial, next_seq=self._next_seq, initial_rv=self._rv_str)
+            # During a backfill the history below the state's RV is already in ``initial``.
+            skip = self._rv if self.backfilling else -1
+            return StartPlan(
+                initial=initial,
+                next_seq=self._next_seq,
+                initial_rv=self._rv_str,
+                min_rv=skip,
+                start_rv=self._rv,
+            )
         wanted = parse_rv(rv)
-        assert self._oldest_resumable is not None
-        if wanted < self._oldest_resumable or any(
-            before < wanted < after for _, before, after in self._gaps
-        ):
+        if self._window.expired(wanted):
             return StartPlan(initial=[], next_seq=self._next_seq, expired=True)
-        if wanted > self._rv:
-            return StartPlan(initial=[], next_seq=self._next_seq, min_rv=wanted)
-        events = self._events
-        at = bisect.bisect_right(events, wanted, lo=self._head, key=lambda e: e.rv)
-        return StartPlan(
-            initial=[], next_seq=events[at].seq if at < len(events) else self._next_seq
-        )
+        if self._window.outside(wanted):
+            return StartPlan(initial=[], next_seq=self._next_seq, outside_window=True)
+        if wanted > self._stream[0]:
+            return StartPlan(initial=[], next_seq=self._next_seq, min_rv=wanted, start_rv=wanted)
+        events, head = self._events, self._head
+        at = bisect.bisect_right(events, wanted, lo=head, key=lambda e: e.rv)
+        # A relist group at exactly ``wanted`` is replayed whole (see the module docstring).
+        while at > head and events[at - 1].rv == wanted and events[at - 1].relist:
+            at -= 1
+        next_seq = events[at].seq if at < len(events) else self._next_seq
+        return StartPlan(initial=[], next_seq=next_seq, start_rv=wanted)
 
-    def events_from(self, seq: int, min_rv: int = -1) -> Sequence[CachedEvent] | None:
+    def events_from(self, seq: int, start_rv: int = -1) -> Sequence[CachedEvent] | None:
         """Events with ``seq`` and later; None if that subscriber must be ended.
 
-        None when ``seq`` was evicted (the cursor is too slow), or when a relist at or after
-        ``seq`` jumped over ``min_rv`` (the plan's, for a subscriber that joined ahead of the
-        cache): its state cannot be reconciled; on re-watch it gets 410 Expired.
+        None when ``seq`` was evicted (the cursor is too slow), when a relist at or after
+        ``seq`` jumped over ``start_rv`` (the plan's: a subscriber that joined ahead of the
+        cache cannot be reconciled), or at a backfill cutoff (:meth:`cut_line` then says what
+        to write last). Before a cutoff that applies, only the events up to it are returned.
         """
         oldest = self.oldest_seq
         if seq < oldest:
             return None
-        if min_rv >= 0 and any(
-            seq <= at and before < min_rv < after for at, before, after in self._gaps
-        ):
+        end = self._window.end_of(seq, start_rv, self._next_seq)
+        if end is None:
             return None
-        if seq >= self._next_seq:
+        if seq >= end:
             return []
-        return self._events[self._head + seq - oldest :]
-
-    def bookmark_line(self, *, initial_events_end: bool = False) -> bytes:
-        """A BOOKMARK event at the cache RV."""
-        if self._rv_str is None:
-            raise NotSynced("bookmark_line() before the first replace()")
-        if not initial_events_end and self._bookmark_cache is not None:
-            cached_rv, line = self._bookmark_cache
-            if cached_rv == self._rv_str:
-                return line
-        obj = self._rep.bookmark_object(self._rv_str, initial_events_end=initial_events_end)
-        line = self._rep.encode_event("BOOKMARK", obj)
-        if not initial_events_end:
-            self._bookmark_cache = (self._rv_str, line)
-        return line
+        return self._events[self._head + seq - oldest : self._head + end - oldest]
 
     def expired_line(self, rv: str) -> bytes:
-        """An ERROR event with the apiserver's 410 Expired Status for a too old ``rv``."""
-        oldest = self._oldest_resumable if self._oldest_resumable is not None else 0
+        """An ERROR event with a 410 Expired Status for an ``expired`` plan's ``rv``."""
+        oldest = self._window.oldest or 0
         shown = str(int(rv)) if rv.isascii() and rv.isdigit() else rv
         status = status_object(410, "Expired", f"too old resource version: {shown} ({oldest})")
         return b'{"type":"ERROR","object":' + encode_json(status) + b"}\n"
+
+    def cut_line(self, seq: int, start_rv: int) -> bytes | None:
+        """The apiserver's 410 line for a subscriber at a backfill cutoff, else None."""
+        return self._window.cut_line(seq, start_rv)
+
+    def bookmark_line(self, *, initial_events_end: bool = False) -> bytes:
+        """A BOOKMARK event at the stream RV: every event up to it is in the history."""
+        if self._stream is None:
+            raise NotSynced("bookmark_line() before the first replace()")
+        rv_str = self._stream[1]
+        if not initial_events_end and self._bookmark_cache is not None:
+            cached_rv, line = self._bookmark_cache
+            if cached_rv == rv_str:
+                return line
+        obj = self._rep.bookmark_object(rv_str, initial_events_end=initial_events_end)
+        line = self._rep.encode_event("BOOKMARK", obj)
+        if not initial_events_end:
+            self._bookmark_cache = (rv_str, line)
+        return line
 
     def objects_snapshot(self) -> list[Obj]:
         """The current objects (watch-event form; do not mutate them)."""
@@ -369,7 +385,7 @@ class WatchCache:
             "history_events": self.history_len(),
             "history_bytes": self._bytes,
             "resource_version": self._rv_str,
-            "oldest_resumable_rv": self._oldest_resumable,
+            "oldest_resumable_rv": self._window.oldest,
             "oldest_seq": self.oldest_seq,
             "next_seq": self._next_seq,
         }
@@ -414,14 +430,14 @@ class WatchCache:
             head += 1
             evicted += 1
             self._bytes -= len(gone.line)
-            # A client at gone.rv has seen gone (and everything else at that RV).
-            if self._oldest_resumable is None or gone.rv > self._oldest_resumable:
-                self._oldest_resumable = gone.rv
+            # A client at gone.rv has seen gone and everything else at that RV — except in a
+            # relist group, which shares one RV: with part of it gone, a client at that RV
+            # could not get the whole group again, so that one RV becomes a (one-RV) gap.
+            if gone.relist and head < len(events) and events[head].rv == gone.rv:
+                self._window.group_broken(gone.rv)
+            self._window.evicted(gone.rv)
         self._head = head
         self._compact()
-        if evicted and self._gaps:
-            oldest_seq, resumable = self.oldest_seq, self._oldest_resumable or 0
-            self._gaps = [gap for gap in self._gaps if gap[0] >= oldest_seq or gap[2] > resumable]
         return evicted
 
     def _pinned(self, event: CachedEvent) -> bool:

@@ -1,0 +1,161 @@
+"""What a shared watch's driver reports to its machine, and what the machine asks it to do.
+
+Plain values: the :class:`Outcome` of an upstream request, and the :class:`Action` the driver
+performs next (see :mod:`watchproxy.hub.machine`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# ---- outcomes: what the driver saw upstream ------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Listed:
+    items: list[dict[str, Any]]
+    resource_version: str
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """An HTTP answer other than 200 (a 410 on a watch is :class:`Expired`)."""
+
+    status: int
+    body: bytes = b""
+    content_type: str = "application/json"
+    retry_after: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Opened:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    type: str
+    object: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Bookmark:
+    resource_version: str
+
+
+@dataclass(frozen=True, slots=True)
+class Expired:
+    """410 Gone on a watch, as its HTTP status or as an in-stream ERROR ``line``."""
+
+    line: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class Broken:
+    """No HTTP answer, a reset, a read timeout, a bad line; ``down``: the prober says so."""
+
+    reason: str
+    down: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Silent:
+    """Neither an event nor a bookmark for the silence period."""
+
+
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """The upstream ended the watch cleanly (its timeoutSeconds)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Elapsed:
+    down: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamBack:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    pass
+
+
+Outcome = (
+    Start
+    | Listed
+    | Refused
+    | Opened
+    | Event
+    | Bookmark
+    | Expired
+    | Broken
+    | Silent
+    | Ended
+    | Elapsed
+    | UpstreamBack
+    | Stop
+)
+
+# ---- actions: what the driver does next ----------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class OpenList:
+    relist: bool
+    # A relist asks for a state no older than the one the cache has: the apiserver serves that
+    # from its watch cache, where resourceVersion="" is a quorum read from etcd (pitfall 8).
+    not_older_than: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OpenWatch:
+    resource_version: str
+    timeout_seconds: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReadOn:
+    """Keep reading the open watch; it is silent (dead) if nothing comes by ``deadline``."""
+
+    deadline: float
+
+
+@dataclass(frozen=True, slots=True)
+class Sleep:
+    until: float
+
+
+@dataclass(frozen=True, slots=True)
+class WaitForUpstream:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Fail:
+    refusal: Refused
+
+
+@dataclass(frozen=True, slots=True)
+class Halt:
+    pass
+
+
+Action = OpenList | OpenWatch | ReadOn | Sleep | WaitForUpstream | Fail | Halt
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """The next action; ``publish``: the cache changed, wake the subscribers."""
+
+    action: Action
+    publish: bool = False
+    note: str = ""  # why, for the log

@@ -1,0 +1,96 @@
+"""What the hub needs from the world, as small protocols (issue 11).
+
+The hub imports neither aiohttp nor ``watchproxy.upstream``: the upstream side is a
+:class:`WatchSource` (implemented by ``watchproxy.upstream.watchsource``) and an
+:class:`UpstreamHealth` (``watchproxy.upstream.connectivity.Connectivity`` fits it as it is);
+a client's stream is a :class:`WatchSink` (``watchproxy.server.watchsink``). ``app.py`` wires
+them together.
+
+Errors cross these seams as :mod:`watchproxy.errors` types only: a source raises
+``ProxyError`` subclasses (``UpstreamUnavailable`` when no HTTP answer came or the stream broke,
+``UpstreamTimeout`` when a read timed out), a sink raises ``ConnectionError`` when the client
+has gone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from typing import Protocol
+
+
+class UpstreamAnswer(Protocol):
+    """One upstream HTTP answer whose body has not been read yet. The caller closes it."""
+
+    @property
+    def status(self) -> int: ...
+
+    @property
+    def content_type(self) -> str: ...
+
+    @property
+    def retry_after(self) -> float | None:
+        """The answer's ``Retry-After`` in seconds, if it has one."""
+        ...
+
+    async def body(self) -> bytes: ...
+
+    def lines(self) -> AsyncGenerator[bytes, None]:
+        """The body as ``\\n``-terminated lines of any size up to the source's limit.
+
+        The caller ``aclose()``s it when it stops reading early.
+        """
+        ...
+
+    def close(self) -> None:
+        """Release the connection; after a body was read whole it may be reused."""
+        ...
+
+
+class WatchSource(Protocol):
+    """Opens the upstream LISTs and WATCHes of shared watches (GET, the proxy's identity)."""
+
+    async def open(
+        self, path_qs: str, *, accept: str, verb: str, forwarded_auth: str | None
+    ) -> UpstreamAnswer:
+        """Send one GET; raise a ``ProxyError`` when no HTTP answer comes.
+
+        ``verb`` is "list" or "watch"; a watch has no total deadline.
+        """
+        ...
+
+
+class UpstreamHealth(Protocol):
+    """Is the apiserver reachable? One prober decides; shared watches wait on it."""
+
+    @property
+    def down(self) -> bool: ...
+
+    async def wait_up(self) -> None: ...
+
+    def retry_after(self) -> float: ...
+
+
+class WatchSink(Protocol):
+    """One client's watch response, headers already sent (200, chunked, JSON)."""
+
+    async def write(self, data: bytes) -> None:
+        """Write and flush; ``ConnectionError`` when the client has gone."""
+        ...
+
+    async def write_eof(self) -> None: ...
+
+    def client_gone(self) -> bool: ...
+
+    def abort(self) -> None:
+        """Drop the connection at once (wakes a write blocked on a client that reads nothing)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class WatchStarter(Protocol):
+    """Sends a client watch's 200 and headers when the hub is ready to stream."""
+
+    async def start(self) -> WatchSink:
+        """``ConnectionError`` when the client has gone already."""
+        ...

@@ -1,0 +1,95 @@
+"""The hub's client side, made of aiohttp: a watch response as a :class:`WatchSink`.
+
+:class:`HubEndpoint` is what the API handler sees as its ``WatchServer``: it hands the hub the
+request's path, query and headers and a starter that sends the 200 when the hub is ready, and
+turns what the hub answers into aiohttp responses. The hub itself never sees aiohttp (issue 11).
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from watchproxy.hub.multiplexer import Hub, Refusal
+from watchproxy.kube.apipath import ApiPath
+from watchproxy.kube.watchquery import WatchQuery
+
+
+class ResponseSink:
+    """One client's prepared watch response."""
+
+    def __init__(self, request: web.Request, response: web.StreamResponse) -> None:
+        self._request = request
+        self._response = response
+
+    async def write(self, data: bytes) -> None:
+        try:
+            await self._response.write(data)
+        except RuntimeError as error:  # aiohttp: writing to a transport that is closing
+            raise ConnectionResetError(str(error)) from None
+
+    async def write_eof(self) -> None:
+        try:
+            await self._response.write_eof()
+        except RuntimeError as error:
+            raise ConnectionResetError(str(error)) from None
+
+    def client_gone(self) -> bool:
+        transport = self._request.transport
+        return transport is None or transport.is_closing()
+
+    def abort(self) -> None:
+        transport = self._request.transport
+        if transport is not None:
+            transport.abort()
+
+    def close(self) -> None:
+        transport = self._request.transport
+        if transport is not None:
+            transport.close()
+
+
+class _Starter:
+    """Sends the watch's 200 and headers when the hub asks; keeps the response to return."""
+
+    def __init__(self, request: web.Request) -> None:
+        self._request = request
+        self.response: web.StreamResponse | None = None
+
+    async def start(self) -> ResponseSink:
+        response = web.StreamResponse(status=200)
+        response.content_type = "application/json"
+        response.enable_chunked_encoding()
+        response.headers["Cache-Control"] = "no-cache, private"
+        self.response = response
+        await response.prepare(self._request)
+        return ResponseSink(self._request, response)
+
+
+class HubEndpoint:
+    """The hub behind the API handler's ``WatchServer`` protocol."""
+
+    def __init__(self, hub: Hub) -> None:
+        self.hub = hub
+
+    async def serve(
+        self, request: web.Request, api_path: ApiPath, query: WatchQuery
+    ) -> web.StreamResponse | None:
+        starter = _Starter(request)
+        served = await self.hub.serve(api_path, query, request.headers, starter)
+        if served is None:
+            return None
+        if isinstance(served, Refusal):
+            answer = web.Response(status=served.status, body=served.body)
+            answer.headers["Content-Type"] = served.content_type or "application/json"
+            return answer
+        if starter.response is None:  # pragma: no cover - the hub streams only after start()
+            raise RuntimeError("the hub streamed a watch it never started")
+        return starter.response
+
+    def serve_list(
+        self, request: web.Request, api_path: ApiPath, query: WatchQuery
+    ) -> web.Response | None:
+        body = self.hub.serve_list(api_path, query, request.headers)
+        if body is None:
+            return None
+        return web.Response(body=body, content_type="application/json")
