@@ -12,7 +12,6 @@ import json
 from typing import Any
 
 import aiohttp
-import pytest
 
 from tests.harness import read_watch, running_proxy
 
@@ -48,15 +47,6 @@ async def test_apiserver_serves_a_watch_from_an_rv_just_before_a_change(tmp_path
     assert summary(events) == [("ADDED", "p1")]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "A new shared watch starts its history at its own upstream LIST (the key's oldest "
-        "resumable RV is that list's RV), so a first client resuming from the RV of its own, "
-        "earlier LIST gets 410 Expired though the apiserver still serves that RV from its "
-        "watch cache; the client relists and never sees the changes in between as events"
-    ),
-)
 async def test_first_watch_of_a_key_resumes_from_the_clients_list_rv(tmp_path: Any) -> None:
     async with running_proxy(tmp_path) as running, aiohttp.ClientSession() as session:
         store = running.fake.store

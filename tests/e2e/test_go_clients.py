@@ -210,16 +210,6 @@ async def test_informer_json_gets_every_change_once_in_order(
         assert proxy_requests(s, "list") == 1  # one LIST, then one watch: no relist
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "spurious 410: a new shared watch's history starts at its own upstream LIST's RV, so "
-        "the first informer on a key, whose LIST (resourceVersion=0) was passed through because "
-        "no shared watch existed yet, gets 410 Expired when it watches from that older RV if "
-        "anything changed in between, although the apiserver still holds it; the informer "
-        "relists (a second LIST, SYNC updates) where the apiserver would have resumed it"
-    ),
-)
 async def test_informer_started_on_a_cold_key_resumes_without_a_relist(
     tmp_path: Path, watchclient: Path
 ) -> None:

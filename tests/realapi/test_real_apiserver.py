@@ -227,13 +227,6 @@ async def _first_answer(api: Api, path: str, timeout: float = 6.0) -> tuple[int,
         return stream.status, list(stream.events)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a new shared watch starts its history at its own first LIST; a client's older "
-    "resourceVersion (from a list the proxy passed through a moment earlier) is answered 410 "
-    "Expired (WatchCache.plan: wanted < oldest_resumable) as soon as anything else in the "
-    "cluster was written in between, where the apiserver's watch cache serves it",
-)
 async def test_watch_from_a_fresh_list_rv_is_served(
     tmp_path: Path, real_apiserver: RealApiServer, direct: Api, namespace: str
 ) -> None:
