@@ -679,13 +679,6 @@ async def test_forward_identity_forbidden_watch_message_as_direct(
     assert via_answer.json()["message"] == oracle.json()["message"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="forward mode: the shared watch authorizes with its initial LIST, which this account "
-    "may make, and the client's stream starts from that list; the upstream WATCH's 403 only makes "
-    "the shared watch back off (SharedWatch._run: UpstreamRefused after sync), so the client "
-    "gets 200 and every object where the apiserver answers 403",
-)
 async def test_forward_identity_list_without_watch_permission(
     tmp_path: Path, real_apiserver: RealApiServer, direct: Api, namespace: str
 ) -> None:

@@ -154,6 +154,8 @@ CASES: list[tuple[str, tuple[Outcome, ...], Outcome, Phase, Check]] = [
     ("410 relists", READING, Expired(GONE), Phase.RELISTING, is_(OpenList, relist=True)),
     ("429 waits Retry-After", READING, Refused(429, retry_after=3), Phase.BACKING_OFF, sleeps(3)),
     ("500 backs off", READING, Refused(500), Phase.BACKING_OFF, sleeps(0.8)),
+    ("a watch the account may not make fails", READING, Refused(403), Phase.FAILED, is_(Fail)),
+    ("a resource gone mid-life fails", READING, Refused(404), Phase.FAILED, is_(Fail)),
     ("watch broken backs off", READING, Broken("reset"), Phase.BACKING_OFF, sleeps(0.8)),
     (
         "watch broken, down",

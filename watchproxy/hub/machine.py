@@ -61,6 +61,9 @@ from watchproxy.policy.backoff import Backoff
 # upstream that ends watches at once must not pull us into a loop.
 QUICK_END_SECONDS = 1.0
 
+# Answers to a WATCH that retrying cannot change: the clients get them as they are.
+DENIED = frozenset({401, 403, 404, 405})
+
 
 class Phase(Enum):
     IDLE = "idle"
@@ -93,6 +96,7 @@ TRANSITIONS: tuple[tuple[Phase, str, Phase, str], ...] = (
     (P.WATCHING, "Ended", P.BACKING_OFF, "quick and empty"),
     (P.WATCHING, "Expired", P.WATCHING, "backfill refused, cut it, go on from the list"),
     (P.WATCHING, "Expired", P.RELISTING, ""),
+    (P.WATCHING, "Refused", P.FAILED, "401, 403, 404 or 405: clients get the same answer"),
     (P.WATCHING, "Refused", P.BACKING_OFF, "429 waits Retry-After, else back-off"),
     (P.WATCHING, "Broken", P.BACKING_OFF, "upstream up"),
     (P.WATCHING, "Broken", P.WAITING, "upstream down"),
@@ -306,6 +310,11 @@ class SharedWatchMachine:
                 return self._watch(name, publish=True)
             return self._list(name, relist=True)
         if isinstance(outcome, Refused):
+            if outcome.status in DENIED:
+                # The WATCH itself is not allowed (RBAC may grant list but not watch, a CRD
+                # may be gone): retrying cannot help, and serving the list would hand clients
+                # a stream the apiserver refuses them. Fail the key with the apiserver's answer.
+                return self._go(Phase.FAILED, name, Fail(outcome), publish=True)
             return self._refused(name, outcome, Phase.WATCHING)
         if isinstance(outcome, Broken):
             return self._failed(name, outcome.down, Phase.WATCHING)
@@ -363,3 +372,7 @@ class SharedWatchMachine:
             until = self.clock() + max(0.0, refused.retry_after)
             return self._go(Phase.BACKING_OFF, name, Sleep(until))
         return self._go(Phase.BACKING_OFF, name, Sleep(self.clock() + self.backoff.failure()))
+
+
+if __name__ == "__main__":  # pragma: no cover - prints the diagram for docs/architecture.md
+    print(mermaid(), end="")

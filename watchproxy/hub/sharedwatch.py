@@ -31,6 +31,7 @@ from watchproxy.hub.outcomes import (
     OpenList,
     OpenWatch,
     Outcome,
+    ReadOn,
     Refused,
     Sleep,
     Start,
@@ -126,6 +127,7 @@ class SharedWatch:
         self.upstream_attempts = 0
         self._waiters: set[asyncio.Future[None]] = set()
         self._synced = asyncio.Event()
+        self._watch_accepted = False
         self._task: asyncio.Task[None] | None = None
         self._linger: asyncio.Task[None] | None = None
         self.on_idle: Callable[[SharedWatch], None] | None = None
@@ -265,7 +267,12 @@ class SharedWatch:
         """Bookkeeping for every step the machine takes: wake, log, count."""
         if step.publish:
             self._notify()
-        if self.cache.synced and not self._synced.is_set():
+        if isinstance(step.action, ReadOn):
+            self._watch_accepted = True
+        # Clients are answered once the first LIST is in AND the apiserver has accepted the
+        # first WATCH: in forward-identity mode an account may list but not watch, and a 200
+        # served from the list alone would give it a stream the apiserver refuses it.
+        if self.cache.synced and self._watch_accepted and not self._synced.is_set():
             self._synced.set()
             log.info(
                 "shared watch %s listed %d objects at resourceVersion %s",
