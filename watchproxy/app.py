@@ -26,6 +26,7 @@ from watchproxy.server.passthrough import Forwarder
 from watchproxy.server.upgrade import WebSocketRelay
 from watchproxy.upstream.client import Upstream
 from watchproxy.upstream.connectivity import Connectivity
+from watchproxy.upstream.connector import reports_reused_descriptor
 
 log = logging.getLogger("watchproxy")
 
@@ -92,6 +93,7 @@ class Proxy:
         self.admin_port = 0
         self._runners: list[web.AppRunner] = []
         self._servers: list[asyncio.Server] = []
+        self._loop_handler: tuple[asyncio.AbstractEventLoop, Any] | None = None
 
     def _client_limit(self, key: str) -> float:
         assert self.client_limiter is not None
@@ -105,7 +107,28 @@ class Proxy:
             return []
         return self.hub.debug()
 
+    def _watch_loop_errors(self) -> None:
+        """Count and log at ERROR what the loop reports about descriptors closed twice (see
+        upstream/connector.py); everything else goes on to the handler that was there."""
+        loop = asyncio.get_running_loop()
+        previous = loop.get_exception_handler()
+
+        def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+            if reports_reused_descriptor(context):
+                self.metrics.reused_descriptors.inc()
+                log.error(
+                    "the event loop reports a socket closed twice: %s", context.get("message")
+                )
+            if previous is not None:
+                previous(loop, context)
+            else:
+                loop.default_exception_handler(context)
+
+        loop.set_exception_handler(handler)
+        self._loop_handler = (loop, previous)
+
     async def start(self) -> None:
+        self._watch_loop_errors()
         await self.upstream.start()
         self.connectivity.start()
         guard = ConnectionGuard(
@@ -180,4 +203,8 @@ class Proxy:
         self._servers.clear()
         await self.connectivity.close()
         await self.upstream.close()
+        if self._loop_handler is not None:
+            loop, previous = self._loop_handler
+            loop.set_exception_handler(previous)
+            self._loop_handler = None
         log.info("stopped")

@@ -63,6 +63,12 @@ class Metrics:
             "New TCP connections dialed to the apiserver (what it sees during an outage).",
             registry=r,
         )
+        self.reused_descriptors = Counter(
+            "watchproxy_loop_reused_descriptors",
+            "Times the event loop reported a file descriptor still claimed by a dead transport "
+            "(a socket closed twice). Anything but 0 is a bug: see upstream/connector.py.",
+            registry=r,
+        )
         self.watch_upstream_opens = Counter(
             "watchproxy_watch_upstream_opens",
             "Upstream lists and watches opened by shared watches.",

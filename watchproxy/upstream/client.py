@@ -54,6 +54,7 @@ class Upstream:
             is_down=lambda: self.connectivity is not None and self.connectivity.down,
             on_failure=lambda error: self._mark(False, describe(error)),
             on_dial=self.metrics.upstream_connection_attempts.inc,
+            on_reused_descriptor=self.metrics.reused_descriptors.inc,
             ssl=self.target.ssl_context if self.target.ssl_context is not None else False,
             limit=0,
             ttl_dns_cache=30,
