@@ -75,6 +75,7 @@ class Proxy:
             self.upstream,
             max_body_bytes=config.limits.max_body_bytes,
             forward_identity=config.security.identity == "forward",
+            stream_idle_timeout=config.upstream.stream_idle_timeout_seconds,
         )
         self.hub: Hub | None = None
         if config.hub.enabled:

@@ -47,6 +47,7 @@ class UpstreamConfig:
     connect_timeout_seconds: float = 10.0
     request_timeout_seconds: float = 60.0
     watch_read_timeout_seconds: float = 120.0
+    stream_idle_timeout_seconds: float = 600.0
     max_event_bytes: int = 16 * 1024 * 1024
 
 
@@ -343,6 +344,7 @@ def _check(config: Config, where: str) -> None:
         "ratelimit.per_client_qps": config.ratelimit.per_client_qps,
         "hub.linger_seconds": h.linger_seconds,
         "upstream.token_reload_seconds": config.upstream.token_reload_seconds,
+        "upstream.stream_idle_timeout_seconds": config.upstream.stream_idle_timeout_seconds,
     }
     for key, value in non_negative.items():
         if value < 0:
