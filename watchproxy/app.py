@@ -90,6 +90,7 @@ class Proxy:
                 max_watches=config.limits.max_watches,
                 rng=self.rng,
             )
+        self._handler: ApiHandler | None = None
         self.api_port = 0
         self.admin_port = 0
         self._runners: list[web.AppRunner] = []
@@ -101,7 +102,8 @@ class Proxy:
         return self.client_limiter.check(key, time.monotonic())
 
     def ready(self) -> bool:
-        return self.connectivity.up
+        draining = self._handler is not None and self._handler.draining
+        return self.connectivity.up and not draining
 
     def debug_watches(self) -> list[dict[str, Any]]:
         if self.hub is None:
@@ -152,6 +154,7 @@ class Proxy:
             hub=self.hub,
             client_limit=self._client_limit if self.client_limiter is not None else None,
         )
+        self._handler = handler
         api_app = build_api_app(handler, max_body_bytes=self.config.limits.max_body_bytes)
         admin_app = build_admin_app(
             metrics=self.metrics, ready=self.ready, debug_watches=self.debug_watches
@@ -177,7 +180,12 @@ class Proxy:
         # Bind the socket here so that port 0 tells its real number, whatever the event loop.
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.create_server((host.strip("[]"), port), family=family, backlog=512)
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0)
+        runner = web.AppRunner(
+            # Half the grace for handlers still finishing; the hub's close has the other half.
+            app,
+            access_log=None,
+            shutdown_timeout=self.config.limits.shutdown_grace_seconds / 2,
+        )
         await runner.setup()
         self._runners.append(runner)
         assert runner.server is not None
@@ -191,19 +199,36 @@ class Proxy:
         return bound
 
     async def stop(self) -> None:
-        if self.hub is not None:
-            await self.hub.close()
+        """Shut down in the order that starts nothing new upstream and loses no client's place:
+        stop accepting (and refuse requests on open connections), end every client stream
+        cleanly with the hub, then release the upstream; bounded by the shutdown grace."""
+        grace = self.config.limits.shutdown_grace_seconds
+        if self._handler is not None:
+            self._handler.draining = True
         for server in self._servers:
             server.close()  # stop accepting first
+        try:
+            if self.hub is not None:
+                # Ends every subscriber's stream with a clean end; client re-watches meanwhile
+                # are refused above, so no new shared watch (and no upstream watch) starts.
+                async with asyncio.timeout(grace / 2):
+                    await self.hub.close()
+        except TimeoutError:
+            log.warning("the hub did not close within half the %gs shutdown grace", grace)
         self.forwarder.close_streams()
+        # The API runner waits for the handlers still finishing (at most the grace), then
+        # cancels them and closes every connection; the admin port stays up until the end.
+        api_runners, self._runners = self._runners[:1], self._runners[1:]
+        for runner in api_runners:
+            await runner.cleanup()
+        await self.connectivity.close()
+        await self.upstream.close()
         for runner in reversed(self._runners):
             await runner.cleanup()
         self._runners.clear()
         for server in self._servers:
             await server.wait_closed()
         self._servers.clear()
-        await self.connectivity.close()
-        await self.upstream.close()
         if self._loop_handler is not None:
             loop, previous = self._loop_handler
             loop.set_exception_handler(previous)

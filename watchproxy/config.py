@@ -105,6 +105,7 @@ class LimitsConfig:
     max_body_bytes: int = 4 * 1024 * 1024
     max_connections: int = 1024
     max_watches: int = 1000
+    shutdown_grace_seconds: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -343,6 +344,7 @@ def _check(config: Config, where: str) -> None:
         "ratelimit.max_wait_seconds": config.ratelimit.max_wait_seconds,
         "ratelimit.per_client_qps": config.ratelimit.per_client_qps,
         "hub.linger_seconds": h.linger_seconds,
+        "limits.shutdown_grace_seconds": config.limits.shutdown_grace_seconds,
         "upstream.token_reload_seconds": config.upstream.token_reload_seconds,
         "upstream.stream_idle_timeout_seconds": config.upstream.stream_idle_timeout_seconds,
     }

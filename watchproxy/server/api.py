@@ -13,7 +13,7 @@ from typing import Protocol
 
 from aiohttp import web
 
-from watchproxy.errors import BadRequest, ProxyError, TooManyRequests
+from watchproxy.errors import BadRequest, ProxyError, TooManyRequests, UpstreamUnavailable
 from watchproxy.kube.apipath import ApiPath, parse_api_path
 from watchproxy.kube.watchquery import WatchQuery, parse_watch_query
 from watchproxy.metrics import Metrics
@@ -94,6 +94,9 @@ class ApiHandler:
         self.hub = hub
         self.client_limit = client_limit
         self._clock = clock
+        # Set at shutdown: requests still arriving on open keep-alive connections (clients
+        # re-watching at once) are refused, so nothing new starts upstream after the signal.
+        self.draining = False
 
     async def __call__(self, request: web.Request) -> web.StreamResponse:
         started = self._clock()
@@ -105,12 +108,16 @@ class ApiHandler:
             self.guard.request_started(request.transport)
         response: web.StreamResponse
         try:
+            if self.draining:
+                raise UpstreamUnavailable("watchproxy is shutting down", retry_after=1)
             verb, response = await self._handle(request)
         except ProxyError as error:
             if isinstance(error, HostNotAllowed):
                 self.metrics.rejected.labels("host").inc()
                 log.warning("refused Host %r from %s", request.host, request.remote)
             response = status_response(error)
+            if self.draining:
+                response.force_close()  # the client reconnects, to the next instance
         finally:
             gauge.dec()
             if self.guard is not None:
