@@ -18,7 +18,7 @@ from watchproxy.kube.credentials import UpstreamTarget
 from watchproxy.metrics import Metrics
 from watchproxy.policy.access import AccessPolicy
 from watchproxy.policy.backoff import BackoffPolicy
-from watchproxy.policy.ratelimit import ClientRateLimiter, UpstreamLimiter
+from watchproxy.policy.ratelimit import ClientRateLimiter, ErroredWatchLimiter, UpstreamLimiter
 from watchproxy.server.admin import build_admin_app
 from watchproxy.server.api import ApiHandler, build_api_app
 from watchproxy.server.listener import ConnectionGuard, status_server_factory
@@ -153,6 +153,10 @@ class Proxy:
             allowed_hosts=self.config.listen.allowed_hosts,
             hub=self.hub,
             client_limit=self._client_limit if self.client_limiter is not None else None,
+            watch_errors=ErroredWatchLimiter(
+                self.config.ratelimit.watch_errors_per_second,
+                self.config.ratelimit.watch_errors_burst,
+            ),
         )
         self._handler = handler
         api_app = build_api_app(handler, max_body_bytes=self.config.limits.max_body_bytes)

@@ -5,6 +5,7 @@ Every error is turned into a Kubernetes ``Status`` response here, at the edge.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -18,6 +19,7 @@ from watchproxy.kube.apipath import ApiPath, parse_api_path
 from watchproxy.kube.watchquery import WatchQuery, parse_watch_query
 from watchproxy.metrics import Metrics
 from watchproxy.policy.access import AccessPolicy, HostNotAllowed, host_allowed
+from watchproxy.policy.ratelimit import ErroredWatchLimiter
 from watchproxy.server.listener import ConnectionGuard
 from watchproxy.server.passthrough import Forwarder
 from watchproxy.server.upgrade import WebSocketRelay
@@ -25,6 +27,14 @@ from watchproxy.server.upgrade import WebSocketRelay
 log = logging.getLogger("watchproxy.server")
 
 UPGRADE_SUBRESOURCES = frozenset({"exec", "attach", "portforward"})
+
+# A watch that ends sooner than this (and was not asked to) counts as ended in an error: the
+# client sees no difference between it and an in-stream ERROR, and re-watches at once.
+QUICK_END_SECONDS = 1.0
+# A client over its errored-watch budget is held this long at most, then told 429.
+MAX_ERROR_HOLD_SECONDS = 5.0
+# Set on a watch request: its errored-watch key, and whether it asked for a short timeout.
+_ERRORS_KEY = web.RequestKey("watchproxy.errored_watch", tuple[tuple[str, str, str], bool])
 
 
 class WatchServer(Protocol):
@@ -81,6 +91,7 @@ class ApiHandler:
         allowed_hosts: tuple[str, ...],
         hub: WatchServer | None = None,
         client_limit: Callable[[str], float] | None = None,
+        watch_errors: ErroredWatchLimiter | None = None,
         guard: ConnectionGuard | None = None,
         relay: WebSocketRelay | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -93,6 +104,7 @@ class ApiHandler:
         self.allowed_hosts = allowed_hosts
         self.hub = hub
         self.client_limit = client_limit
+        self.watch_errors = watch_errors
         self._clock = clock
         # Set at shutdown: requests still arriving on open keep-alive connections (clients
         # re-watching at once) are refused, so nothing new starts upstream after the signal.
@@ -122,9 +134,42 @@ class ApiHandler:
             gauge.dec()
             if self.guard is not None:
                 self.guard.request_finished(request.transport)
+        finished = self._clock()
+        self._count_errored_watch(request, response, finished - started)
         self.metrics.requests.labels(verb, str(response.status)).inc()
-        self.metrics.request_duration.labels(verb).observe(self._clock() - started)
+        self.metrics.request_duration.labels(verb).observe(finished - started)
         return response
+
+    def _count_errored_watch(
+        self, request: web.Request, response: web.StreamResponse, took: float
+    ) -> None:
+        noted = request.get(_ERRORS_KEY)
+        if noted is None or self.watch_errors is None:
+            return
+        key, short_timeout = noted
+        if response.status >= 400 or (took < QUICK_END_SECONDS and not short_timeout):
+            self.watch_errors.record_error(key, self._clock())
+
+    async def _hold_errored_client(
+        self, request: web.Request, raw_path: str, query: WatchQuery
+    ) -> None:
+        """A client whose watches keep ending in errors waits before the next one is served,
+        so that a library re-watching in a tight loop costs little (and nothing upstream)."""
+        if self.watch_errors is None:
+            return
+        key = (request.remote or "", request.headers.get("User-Agent", ""), raw_path)
+        timeout = query.timeout_seconds
+        request[_ERRORS_KEY] = (key, timeout is not None and 0 < timeout <= QUICK_END_SECONDS)
+        delay = self.watch_errors.wait(key, self._clock())
+        if delay <= 0:
+            return
+        self.metrics.throttled.labels("client-errors").inc()
+        if delay > MAX_ERROR_HOLD_SECONDS:
+            raise TooManyRequests(
+                f"client {request.remote}: too many watches of {raw_path} ended in errors",
+                retry_after=delay,
+            )
+        await asyncio.sleep(delay)
 
     async def _handle(self, request: web.Request) -> tuple[str, web.StreamResponse]:
         if not host_allowed(request.headers.get("Host"), self.allowed_hosts):
@@ -158,6 +203,8 @@ class ApiHandler:
                 raise TooManyRequests(
                     f"client {request.remote} exceeds its {verb} rate limit", retry_after=wait
                 )
+        if verb == "watch" and query is not None:
+            await self._hold_errored_client(request, raw_path, query)
         if verb == "list" and self.hub is not None and query is not None:
             cached = self.hub.serve_list(request, api_path, query)
             if cached is not None:
