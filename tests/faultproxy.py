@@ -164,6 +164,10 @@ class FaultProxy:
         for writer in list(self._holes):
             writer.transport.abort()
         self._holes.clear()
+        # Each handler ends once its connections are closed; cancelling one instead would make
+        # asyncio's server log the cancellation as an error.
+        if self._handlers:
+            await asyncio.wait(list(self._handlers), timeout=5)
         for task in list(self._handlers):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
