@@ -215,26 +215,28 @@ class Proxy:
             if self.hub is not None:
                 # Ends every subscriber's stream with a clean end; client re-watches meanwhile
                 # are refused above, so no new shared watch (and no upstream watch) starts.
-                async with asyncio.timeout(grace / 2):
-                    await self.hub.close()
-        except TimeoutError:
-            log.warning("the hub did not close within half the %gs shutdown grace", grace)
-        self.forwarder.close_streams()
-        # The API runner waits for the handlers still finishing (at most the grace), then
-        # cancels them and closes every connection; the admin port stays up until the end.
-        api_runners, self._runners = self._runners[:1], self._runners[1:]
-        for runner in api_runners:
-            await runner.cleanup()
-        await self.connectivity.close()
-        await self.upstream.close()
-        for runner in reversed(self._runners):
-            await runner.cleanup()
-        self._runners.clear()
-        for server in self._servers:
-            await server.wait_closed()
-        self._servers.clear()
-        if self._loop_handler is not None:
-            loop, previous = self._loop_handler
-            loop.set_exception_handler(previous)
-            self._loop_handler = None
+                try:
+                    async with asyncio.timeout(grace / 2):
+                        await self.hub.close()
+                except TimeoutError:
+                    log.warning("the hub did not close within half the %gs shutdown grace", grace)
+            self.forwarder.close_streams()
+            # The API runner waits for the handlers still finishing (half the grace), then
+            # cancels them and closes every connection.
+            for runner in self._runners[:1]:
+                await runner.cleanup()
+        finally:
+            # Whatever failed above is raised, after everything else is released.
+            await self.connectivity.close()
+            await self.upstream.close()
+            for runner in reversed(self._runners[1:]):  # the admin port, last
+                await runner.cleanup()
+            self._runners.clear()
+            for server in self._servers:
+                await server.wait_closed()
+            self._servers.clear()
+            if self._loop_handler is not None:
+                loop, previous = self._loop_handler
+                loop.set_exception_handler(previous)
+                self._loop_handler = None
         log.info("stopped")

@@ -76,6 +76,13 @@ class Connectivity:
     def start(self) -> None:
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name="watchproxy-connectivity")
+            self._task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        """The prober only ends when closed; anything else is a bug an operator must see
+        (close() raises it again to its caller)."""
+        if not task.cancelled() and task.exception() is not None:
+            log.error("the upstream prober stopped", exc_info=task.exception())
 
     async def close(self) -> None:
         if self._task is not None:
