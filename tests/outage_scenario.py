@@ -125,11 +125,12 @@ class Recorder:
         for index, session in enumerate(self.sessions):
             seen: set[tuple[str, str, int]] = set()
             newest = 0
-            for kind, name, rv in session.events:
+            snapshot = _leading_snapshot(session.events)
+            for position, (kind, name, rv) in enumerate(session.events):
                 if (kind, name, rv) in seen:
                     problems.append(f"session {index}: {kind} {name}@{rv} twice")
                 seen.add((kind, name, rv))
-                if rv > session.start_rv:
+                if rv > session.start_rv and position >= snapshot:
                     if rv <= newest:
                         problems.append(f"session {index}: {name}@{rv} after {newest}")
                     newest = max(newest, rv)
@@ -156,6 +157,17 @@ class Recorder:
             missing = sorted(set(final.items()) - set(self.state.items()))[:3]
             problems.append(f"final state differs: extra {extra}, missing {missing}")
         return [f"{self.name}: {p}" for p in problems]
+
+
+def _leading_snapshot(events: list[tuple[str, str, int]]) -> int:
+    """How many events open the session as a snapshot (ADDEDs of distinct objects, in the
+    list's name order, not resourceVersion order): kubectl's list, a watch without RV."""
+    names: set[str] = set()
+    for position, (kind, name, _rv) in enumerate(events):
+        if kind != "ADDED" or name in names:
+            return position
+        names.add(name)
+    return len(events)
 
 
 def _in_snapshot(change: Change, first: dict[str, tuple[str, int]]) -> bool:
