@@ -1,5 +1,5 @@
 # The few commands a contributor needs. Each script creates .venv on first use.
-.PHONY: test lint demo bench soak outage
+.PHONY: test lint demo bench soak outage faults
 
 test:            ## lint, type-check and run the test suite (what CI runs)
 	scripts/test.sh
@@ -20,3 +20,6 @@ outage:          ## 30 s outage with 50 clients: watchproxy vs kubectl proxy
 
 soak:            ## 10-minute soak with 100 clients and random upstream faults
 	.venv/bin/python -m bench.soak --duration 600 --clients 100
+
+faults:          ## 20 outage-and-recovery runs through a fault-injecting TCP proxy (~20 min)
+	scripts/faults.sh --runs 20

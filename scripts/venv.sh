@@ -5,4 +5,5 @@ if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e ".[${EXTRAS}]"
+# constraints.txt pins the runtime stack to versions known to own their sockets correctly.
+.venv/bin/python -m pip install --quiet -c constraints.txt -e ".[${EXTRAS}]"

@@ -10,7 +10,8 @@ tests carry the marker of the same name, so ``pytest -m unit`` runs one tier.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+import gc
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 import uvloop
@@ -30,6 +31,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def pytest_asyncio_loop_factories() -> dict[str, Callable[[], asyncio.AbstractEventLoop]]:
     """Run every test on uvloop, the loop watchproxy runs on in production."""
     return {"uvloop": uvloop.new_event_loop}
+
+
+@pytest.fixture(autouse=True)
+def collect_leaks() -> Iterator[None]:
+    """Finalize what the test left unreferenced while it is still the current test: an unclosed
+    socket or transport then fails it (ResourceWarning is an error, see pyproject.toml)."""
+    yield
+    gc.collect()
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from watchproxy.kube.credentials import UpstreamTarget
 from watchproxy.metrics import Metrics
 from watchproxy.policy.access import AccessPolicy
 from watchproxy.policy.backoff import BackoffPolicy
-from watchproxy.policy.ratelimit import ClientRateLimiter, UpstreamLimiter
+from watchproxy.policy.ratelimit import ClientRateLimiter, ErroredWatchLimiter, UpstreamLimiter
 from watchproxy.server.admin import build_admin_app
 from watchproxy.server.api import ApiHandler, build_api_app
 from watchproxy.server.listener import ConnectionGuard, status_server_factory
@@ -28,6 +28,7 @@ from watchproxy.server.upgrade import WebSocketRelay
 from watchproxy.server.watchsink import HubEndpoint
 from watchproxy.upstream.client import Upstream
 from watchproxy.upstream.connectivity import Connectivity
+from watchproxy.upstream.connector import reports_reused_descriptor
 from watchproxy.upstream.watchsource import UpstreamWatchSource
 
 log = logging.getLogger("watchproxy")
@@ -77,6 +78,7 @@ class Proxy:
             self.upstream,
             max_body_bytes=config.limits.max_body_bytes,
             forward_identity=config.security.identity == "forward",
+            stream_idle_timeout=config.upstream.stream_idle_timeout_seconds,
         )
         self.hub: Hub | None = None
         if config.hub.enabled:
@@ -90,25 +92,49 @@ class Proxy:
                 max_watches=config.limits.max_watches,
                 rng=self.rng,
             )
+        self._handler: ApiHandler | None = None
         self.api_port = 0
         self.admin_port = 0
         self._runners: list[web.AppRunner] = []
         self._servers: list[asyncio.Server] = []
+        self._loop_handler: tuple[asyncio.AbstractEventLoop, Any] | None = None
 
     def _client_limit(self, key: str) -> float:
         assert self.client_limiter is not None
         return self.client_limiter.check(key, time.monotonic())
 
     def ready(self) -> bool:
-        return self.connectivity.up
+        draining = self._handler is not None and self._handler.draining
+        return self.connectivity.up and not draining
 
     def debug_watches(self) -> list[dict[str, Any]]:
         if self.hub is None:
             return []
         return self.hub.debug()
 
+    def _watch_loop_errors(self) -> None:
+        """Count and log at ERROR what the loop reports about descriptors closed twice (see
+        upstream/connector.py); everything else goes on to the handler that was there."""
+        loop = asyncio.get_running_loop()
+        previous = loop.get_exception_handler()
+
+        def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+            if reports_reused_descriptor(context):
+                self.metrics.reused_descriptors.inc()
+                log.error(
+                    "the event loop reports a socket closed twice: %s", context.get("message")
+                )
+            if previous is not None:
+                previous(loop, context)
+            else:
+                loop.default_exception_handler(context)
+
+        loop.set_exception_handler(handler)
+        self._loop_handler = (loop, previous)
+
     async def start(self) -> None:
         self.metrics.start()
+        self._watch_loop_errors()
         await self.upstream.start()
         self.connectivity.start()
         guard = ConnectionGuard(
@@ -130,7 +156,12 @@ class Proxy:
             allowed_hosts=self.config.listen.allowed_hosts,
             hub=HubEndpoint(self.hub) if self.hub is not None else None,
             client_limit=self._client_limit if self.client_limiter is not None else None,
+            watch_errors=ErroredWatchLimiter(
+                self.config.ratelimit.watch_errors_per_second,
+                self.config.ratelimit.watch_errors_burst,
+            ),
         )
+        self._handler = handler
         api_app = build_api_app(handler, max_body_bytes=self.config.limits.max_body_bytes)
         admin_app = build_admin_app(
             metrics=self.metrics, ready=self.ready, debug_watches=self.debug_watches
@@ -160,7 +191,12 @@ class Proxy:
         except OSError as error:  # one line that names the port (the CLI prints strerror)
             reason = os.strerror(error.errno).lower() if error.errno else str(error)
             raise OSError(error.errno, f"cannot listen on {host}:{port}: {reason}") from None
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0)
+        runner = web.AppRunner(
+            # Half the grace for handlers still finishing; the hub's close has the other half.
+            app,
+            access_log=None,
+            shutdown_timeout=self.config.limits.shutdown_grace_seconds / 2,
+        )
         await runner.setup()
         self._runners.append(runner)
         assert runner.server is not None
@@ -174,18 +210,41 @@ class Proxy:
         return bound
 
     async def stop(self) -> None:
-        if self.hub is not None:
-            await self.hub.close()
+        """Shut down in the order that starts nothing new upstream and loses no client's place:
+        stop accepting (and refuse requests on open connections), end every client stream
+        cleanly with the hub, then release the upstream; bounded by the shutdown grace."""
+        grace = self.config.limits.shutdown_grace_seconds
+        if self._handler is not None:
+            self._handler.draining = True
         for server in self._servers:
             server.close()  # stop accepting first
-        self.forwarder.close_streams()
-        for runner in reversed(self._runners):
-            await runner.cleanup()
-        self._runners.clear()
-        for server in self._servers:
-            await server.wait_closed()
-        self._servers.clear()
-        await self.connectivity.close()
-        await self.upstream.close()
-        await self.metrics.stop()
+        try:
+            if self.hub is not None:
+                # Ends every subscriber's stream with a clean end; client re-watches meanwhile
+                # are refused above, so no new shared watch (and no upstream watch) starts.
+                try:
+                    async with asyncio.timeout(grace / 2):
+                        await self.hub.close()
+                except TimeoutError:
+                    log.warning("the hub did not close within half the %gs shutdown grace", grace)
+            self.forwarder.close_streams()
+            # The API runner waits for the handlers still finishing (half the grace), then
+            # cancels them and closes every connection.
+            for runner in self._runners[:1]:
+                await runner.cleanup()
+        finally:
+            # Whatever failed above is raised, after everything else is released.
+            await self.connectivity.close()
+            await self.upstream.close()
+            await self.metrics.stop()
+            for runner in reversed(self._runners[1:]):  # the admin port, last
+                await runner.cleanup()
+            self._runners.clear()
+            for server in self._servers:
+                await server.wait_closed()
+            self._servers.clear()
+            if self._loop_handler is not None:
+                loop, previous = self._loop_handler
+                loop.set_exception_handler(previous)
+                self._loop_handler = None
         log.info("stopped")

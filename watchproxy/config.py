@@ -67,6 +67,7 @@ class UpstreamConfig:
     connect_timeout_seconds: float = 10.0
     request_timeout_seconds: float = 60.0
     watch_read_timeout_seconds: float = 120.0
+    stream_idle_timeout_seconds: float = 600.0
     max_event_bytes: int = 16 * 1024 * 1024
 
 
@@ -87,6 +88,8 @@ class RateLimitConfig:
     max_wait_seconds: float = 5.0
     per_client_qps: float = 0.0
     per_client_burst: int = 20
+    watch_errors_per_second: float = 1.0
+    watch_errors_burst: int = 10
 
 
 @dataclass(frozen=True)
@@ -127,6 +130,7 @@ class LimitsConfig:
     max_body_bytes: int = 4 * 1024 * 1024
     max_connections: int = 1024
     max_watches: int = 1000
+    shutdown_grace_seconds: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -398,12 +402,17 @@ def _check(config: Config, where: str) -> None:
         "ratelimit.max_concurrent": config.ratelimit.max_concurrent,
         "ratelimit.max_wait_seconds": config.ratelimit.max_wait_seconds,
         "ratelimit.per_client_qps": config.ratelimit.per_client_qps,
+        "ratelimit.watch_errors_per_second": config.ratelimit.watch_errors_per_second,
         "hub.linger_seconds": h.linger_seconds,
+        "limits.shutdown_grace_seconds": config.limits.shutdown_grace_seconds,
         "upstream.token_reload_seconds": config.upstream.token_reload_seconds,
+        "upstream.stream_idle_timeout_seconds": config.upstream.stream_idle_timeout_seconds,
     }
     for key, value in non_negative.items():
         if value < 0:
             raise ConfigError(f"{where}: {key}: must be >= 0, got {value}")
+    if config.ratelimit.watch_errors_per_second > 0 and config.ratelimit.watch_errors_burst < 1:
+        raise ConfigError(f"{where}: ratelimit.watch_errors_burst: must be >= 1")
     for index, rule in enumerate(config.security.rules):
         if not rule.path.startswith("/"):
             raise ConfigError(f"{where}: security.rules[{index}].path: must start with '/'")

@@ -148,6 +148,12 @@ class Metrics:
             "watchproxy_upstream_connection_attempts",
             "New TCP connections dialed to the apiserver (what it sees during an outage).",
         )
+        self.reused_descriptors = add(
+            Counter,
+            "watchproxy_loop_reused_descriptors",
+            "Times the event loop reported a file descriptor still claimed by a dead transport "
+            "(a socket closed twice). Anything but 0 is a bug: see upstream/connector.py.",
+        )
         self.watch_upstream_opens = add(
             Counter,
             "watchproxy_watch_upstream_opens",

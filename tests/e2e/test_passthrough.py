@@ -8,7 +8,7 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.harness import Running, kubectl, running_proxy
+from tests.harness import Running, kubectl, running_proxy, wait_for
 
 CONFIGMAP = {
     "apiVersion": "v1",
@@ -128,11 +128,12 @@ async def test_health_endpoints(tmp_path: Any) -> None:
         async with session.get(running.admin_url + "/readyz") as response:
             assert response.status == 200
         await running.fake.faults.outage("refuse")
-        # The next upstream exchange fails and flips readiness.
+        # The next upstream exchange fails; the probe it triggers confirms and flips readiness.
         async with session.get(running.url + "/api/v1/namespaces/default/pods") as response:
             assert response.status == 503
             assert (await response.json())["reason"] == "ServiceUnavailable"
-            assert "Retry-After" in response.headers
+            assert response.headers.get("Retry-After") == "1"
+        await wait_for(lambda: running.proxy.connectivity.down, what="the probe to confirm")
         async with session.get(running.admin_url + "/readyz") as response:
             assert response.status == 503
         await running.fake.faults.recover()

@@ -19,6 +19,7 @@ from watchproxy.errors import TooManyRequests
 from watchproxy.policy.ratelimit import (
     MAX_RETRY_AFTER,
     ClientRateLimiter,
+    ErroredWatchLimiter,
     RetryAfterGate,
     TokenBucket,
     UpstreamLimiter,
@@ -468,3 +469,32 @@ def test_client_limiter_validates_parameters() -> None:
         ClientRateLimiter(rate=1.0, burst=0)
     with pytest.raises(ValueError):
         ClientRateLimiter(rate=1.0, burst=1, max_keys=0)
+
+
+def test_errored_watches_cost_nothing_until_the_burst_then_one_per_interval() -> None:
+    limiter = ErroredWatchLimiter(rate=1.0, burst=10)
+    now = 100.0
+    assert limiter.wait("client", now) == 0.0
+    for _ in range(10):
+        limiter.record_error("client", now)
+        assert limiter.wait("client", now) == 0.0
+    limiter.record_error("client", now)
+    assert limiter.wait("client", now) == pytest.approx(1.0)
+    assert limiter.wait("other", now) == 0.0  # keys are independent
+    assert limiter.wait("client", now + 1.0) == pytest.approx(0.0)
+
+
+def test_errored_watch_debt_is_capped_and_idle_keys_are_forgotten() -> None:
+    limiter = ErroredWatchLimiter(rate=2.0, burst=4)
+    for _ in range(1000):
+        limiter.record_error("loop", 0.0)
+    assert limiter.wait("loop", 0.0) <= 4 / 2.0 + 1e-9
+    limiter.record_error("other", 100.0)  # "loop" refilled long ago: it is dropped
+    assert len(limiter) == 1
+
+
+def test_errored_watch_limit_off() -> None:
+    limiter = ErroredWatchLimiter(rate=0.0, burst=1)
+    for _ in range(100):
+        limiter.record_error("k", 0.0)
+    assert limiter.wait("k", 0.0) == 0.0

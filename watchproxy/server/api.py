@@ -5,6 +5,7 @@ Every error is turned into a Kubernetes ``Status`` response here, at the edge.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -13,7 +14,7 @@ from typing import Protocol
 
 from aiohttp import web
 
-from watchproxy.errors import BadRequest, ProxyError, TooManyRequests
+from watchproxy.errors import BadRequest, ProxyError, TooManyRequests, UpstreamUnavailable
 from watchproxy.kube.apipath import ApiPath, parse_api_path
 from watchproxy.kube.watchquery import WatchQuery, parse_watch_query
 from watchproxy.metrics import Metrics
@@ -24,6 +25,7 @@ from watchproxy.policy.access import (
     ReadOnlyRefused,
     host_allowed,
 )
+from watchproxy.policy.ratelimit import ErroredWatchLimiter
 from watchproxy.server.listener import ConnectionGuard
 from watchproxy.server.passthrough import Forwarder
 from watchproxy.server.upgrade import WebSocketRelay
@@ -34,6 +36,14 @@ UPGRADE_SUBRESOURCES = frozenset({"exec", "attach", "portforward"})
 # Set by the handler once it knows whether the answer is a stream (for the duration metrics).
 STREAM = web.RequestKey("watchproxy_stream", bool)
 _METHOD_VERBS = {"HEAD": "get", "POST": "create", "PUT": "update", "PATCH": "patch"}
+
+# A watch that ends sooner than this (and was not asked to) counts as ended in an error: the
+# client sees no difference between it and an in-stream ERROR, and re-watches at once.
+QUICK_END_SECONDS = 1.0
+# A client over its errored-watch budget is held this long at most, then told 429.
+MAX_ERROR_HOLD_SECONDS = 5.0
+# Set on a watch request: its errored-watch key, and whether it asked for a short timeout.
+_ERRORS_KEY = web.RequestKey("watchproxy.errored_watch", tuple[tuple[str, str, str], bool])
 
 
 class WatchServer(Protocol):
@@ -101,6 +111,7 @@ class ApiHandler:
         allowed_hosts: tuple[str, ...],
         hub: WatchServer | None = None,
         client_limit: Callable[[str], float] | None = None,
+        watch_errors: ErroredWatchLimiter | None = None,
         guard: ConnectionGuard | None = None,
         relay: WebSocketRelay | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -113,7 +124,11 @@ class ApiHandler:
         self.allowed_hosts = allowed_hosts
         self.hub = hub
         self.client_limit = client_limit
+        self.watch_errors = watch_errors
         self._clock = clock
+        # Set at shutdown: requests still arriving on open keep-alive connections (clients
+        # re-watching at once) are refused, so nothing new starts upstream after the signal.
+        self.draining = False
 
     async def __call__(self, request: web.Request) -> web.StreamResponse:
         started = self._clock()
@@ -124,6 +139,8 @@ class ApiHandler:
             self.guard.request_started(request.transport)
         response: web.StreamResponse
         try:
+            if self.draining:
+                raise UpstreamUnavailable("watchproxy is shutting down", retry_after=1)
             verb, response = await self._handle(request)
         except ProxyError as error:
             if isinstance(error, HostNotAllowed):
@@ -131,13 +148,48 @@ class ApiHandler:
                 log.warning("refused Host %r from %s", request.host, request.remote)
             verb = refused_verb(request)
             response = status_response(error)
+            if self.draining:
+                response.force_close()  # the client reconnects, to the next instance
         finally:
             gauge.dec()
             if self.guard is not None:
                 self.guard.request_finished(request.transport)
+        finished = self._clock()
+        self._count_errored_watch(request, response, finished - started)
         stream = request.get(STREAM, False) or response.status == 101
-        self.metrics.request_done(verb, response.status, self._clock() - started, stream=stream)
+        self.metrics.request_done(verb, response.status, finished - started, stream=stream)
         return response
+
+    def _count_errored_watch(
+        self, request: web.Request, response: web.StreamResponse, took: float
+    ) -> None:
+        noted = request.get(_ERRORS_KEY)
+        if noted is None or self.watch_errors is None:
+            return
+        key, short_timeout = noted
+        if response.status >= 400 or (took < QUICK_END_SECONDS and not short_timeout):
+            self.watch_errors.record_error(key, self._clock())
+
+    async def _hold_errored_client(
+        self, request: web.Request, raw_path: str, query: WatchQuery
+    ) -> None:
+        """A client whose watches keep ending in errors waits before the next one is served,
+        so that a library re-watching in a tight loop costs little (and nothing upstream)."""
+        if self.watch_errors is None:
+            return
+        key = (request.remote or "", request.headers.get("User-Agent", ""), raw_path)
+        timeout = query.timeout_seconds
+        request[_ERRORS_KEY] = (key, timeout is not None and 0 < timeout <= QUICK_END_SECONDS)
+        delay = self.watch_errors.wait(key, self._clock())
+        if delay <= 0:
+            return
+        self.metrics.throttled.labels("client-errors").inc()
+        if delay > MAX_ERROR_HOLD_SECONDS:
+            raise TooManyRequests(
+                f"client {request.remote}: too many watches of {raw_path} ended in errors",
+                retry_after=delay,
+            )
+        await asyncio.sleep(delay)
 
     async def _handle(self, request: web.Request) -> tuple[str, web.StreamResponse]:
         if not host_allowed(request.headers.get("Host"), self.allowed_hosts):
@@ -181,6 +233,8 @@ class ApiHandler:
                 raise TooManyRequests(
                     f"client {request.remote} exceeds its {verb} rate limit", retry_after=wait
                 )
+        if verb == "watch" and query is not None:
+            await self._hold_errored_client(request, raw_path, query)
         if verb == "list" and self.hub is not None and query is not None:
             cached = self.hub.serve_list(request, api_path, query)
             if cached is not None:

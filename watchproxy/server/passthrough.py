@@ -34,10 +34,20 @@ async def read_body(request: web.Request, limit: int) -> bytes | None:
 class Forwarder:
     """Pass-through of everything the hub does not serve itself."""
 
-    def __init__(self, upstream: Upstream, *, max_body_bytes: int, forward_identity: bool) -> None:
+    def __init__(
+        self,
+        upstream: Upstream,
+        *,
+        max_body_bytes: int,
+        forward_identity: bool,
+        stream_idle_timeout: float | None = None,
+    ) -> None:
         self.upstream = upstream
         self.max_body_bytes = max_body_bytes
         self.forward_identity = forward_identity
+        # Streams (logs -f, unshared watches) end cleanly after this long without a byte: a
+        # silently dead upstream connection must not hold the client forever.
+        self.stream_idle_timeout = stream_idle_timeout or None
         self._streams: set[aiohttp.ClientResponse] = set()
 
     def close_streams(self) -> None:
@@ -59,7 +69,7 @@ class Forwarder:
             body=body,
             verb=verb,
             streaming=streaming,
-            read_timeout=None,
+            read_timeout=self.stream_idle_timeout,
             wait=False,
             forwarded_auth=forwarded_auth,
         )
@@ -87,10 +97,16 @@ class Forwarder:
                 chunk = await chunks.__anext__()
             except StopAsyncIteration:
                 break
-            except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError):
-                # The upstream broke mid-body. A stream gets a clean end (the client asks
-                # again); a fixed-length body cannot be completed, so cut the connection.
-                log.info("upstream stream ended early: %s %s", request.method, request.path)
+            except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError) as exc:
+                # The upstream broke mid-body or went silent for too long. A stream gets a clean
+                # end (the client asks again); a fixed-length body cannot be completed, so cut
+                # the connection.
+                log.info(
+                    "upstream stream ended early (%s): %s %s",
+                    "idle" if isinstance(exc, TimeoutError) else type(exc).__name__,
+                    request.method,
+                    request.path,
+                )
                 if keep_length:
                     if request.transport is not None:
                         request.transport.close()

@@ -8,6 +8,7 @@ that follows, and keeps the up/down state that ``/readyz`` and the metrics repor
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -17,14 +18,22 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from watchproxy.config import UpstreamConfig
-from watchproxy.errors import TooManyRequests, UpstreamTimeout, UpstreamUnavailable
+from watchproxy.errors import ProxyError, TooManyRequests, UpstreamTimeout, UpstreamUnavailable
 from watchproxy.kube.credentials import UpstreamTarget
 from watchproxy.metrics import Metrics
 from watchproxy.policy.ratelimit import UpstreamLimiter, parse_retry_after
-from watchproxy.upstream.connectivity import Connectivity
+from watchproxy.upstream.connectivity import Connectivity, ProbeFailed
 from watchproxy.upstream.connector import PROBING, SerialConnector, UpstreamDown
 
 log = logging.getLogger("watchproxy.upstream")
+
+# client-go retries a 503 that carries a Retry-After up to 10 times, sleeping what it says each
+# time, and kubectl's discovery repeats that per attempt: with the prober's own delay (up to
+# backoff.max_seconds) kubectl hung for minutes. So a request that really failed upstream gets
+# Retry-After: 1 (a blip may be over by then), and while the apiserver is known to be down a
+# request is refused with no Retry-After at all: client-go gives up at once and kubectl prints
+# the Status message, which says what is wrong and when watchproxy checks again.
+RETRY_AFTER = 1.0
 
 
 class Upstream:
@@ -52,8 +61,9 @@ class Upstream:
     async def start(self) -> None:
         connector = SerialConnector(
             is_down=lambda: self.connectivity is not None and self.connectivity.down,
-            on_failure=lambda error: self._mark(False, describe(error)),
+            on_failure=self._dial_failed,
             on_dial=self.metrics.upstream_connection_attempts.inc,
+            on_reused_descriptor=self.metrics.reused_descriptors.inc,
             ssl=self.target.ssl_context if self.target.ssl_context is not None else False,
             limit=0,
             ttl_dns_cache=30,
@@ -90,22 +100,41 @@ class Upstream:
             send_headers["Authorization"] = auth
         return send_headers
 
-    def _retry_after(self) -> float:
+    def _next_probe(self) -> float:
         return self.connectivity.retry_after() if self.connectivity is not None else 1.0
 
-    def _mark(self, ok: bool, reason: str | None = None) -> None:
+    def _answered(self) -> None:
+        """Any HTTP answer proves the apiserver reachable."""
         if self.connectivity is not None:
-            if ok:
-                self.connectivity.report_ok()
-            else:
-                self.connectivity.report_unreachable(reason)
+            self.connectivity.report_ok()
+
+    def _dial_failed(self, error: BaseException) -> None:
+        """A new connection failed (the connector calls this before the next dial may start)."""
+        if self.connectivity is not None:
+            self.connectivity.report_dial_failure(describe(error))
+
+    def _suspect(self, reason: str) -> None:
+        """A request failed on an established connection: that proves nothing about the
+        apiserver as a whole (a slow request, a pooled connection that went stale), so the
+        upstream stays up and the prober checks now."""
+        if self.connectivity is not None:
+            self.connectivity.suspect(reason)
+
+    def _failed(self, error: BaseException) -> UpstreamUnavailable:
+        """This request got no answer. A failed dial was already reported by the connector;
+        an established connection that broke only raises a suspicion."""
+        if not isinstance(error, aiohttp.ClientConnectorError | UpstreamDown):
+            self._suspect(describe(error))
+        return UpstreamUnavailable(
+            f"the apiserver did not answer: {describe(error)}", retry_after=RETRY_AFTER
+        )
 
     def _unavailable(self) -> UpstreamUnavailable:
+        """Refused locally while the upstream is known to be down: at once, with the cause."""
         cause = self.connectivity.last_error if self.connectivity is not None else None
         return UpstreamUnavailable(
-            f"the apiserver is unreachable ({cause or 'no answer'}); "
-            "watchproxy is retrying on its backoff schedule",
-            retry_after=self._retry_after(),
+            f"the apiserver is unreachable ({cause or 'no answer'}); watchproxy checks again "
+            f"on its backoff schedule, next in {self._next_probe():.0f}s"
         )
 
     async def open(
@@ -121,10 +150,14 @@ class Upstream:
         wait: bool = True,
         forwarded_auth: str | None = None,
         probe: bool = False,
+        deadline: float | None = None,
     ) -> aiohttp.ClientResponse:
         """Send one request and return the response with its body unread (caller releases it).
 
-        ``streaming`` requests get no total deadline, only ``read_timeout`` between reads.
+        The response headers must come within ``deadline`` (default: the request timeout; for
+        ``streaming`` requests, none). After that no total deadline applies — a long list keeps
+        flowing — only a limit on silence between two reads: ``read_timeout`` for streams (None:
+        none), the request timeout otherwise.
         ``forwarded_auth`` replaces the proxy's own credential (``security.identity: forward``).
         Raises UpstreamUnavailable / UpstreamTimeout when no HTTP answer comes.
         """
@@ -133,10 +166,12 @@ class Upstream:
             # Fail fast while the prober waits out the backoff: piling up requests on a dead
             # apiserver helps nobody, and the attempt count must follow one schedule.
             raise self._unavailable()
+        if deadline is None and not streaming:
+            deadline = self.config.request_timeout_seconds
         timeout = aiohttp.ClientTimeout(
-            total=None if streaming else self.config.request_timeout_seconds,
+            total=None,
             sock_connect=self.config.connect_timeout_seconds,
-            sock_read=read_timeout if streaming else None,
+            sock_read=read_timeout if streaming else self.config.request_timeout_seconds,
         )
         url = self.target.server + path_qs
         for attempt in range(2):
@@ -150,34 +185,36 @@ class Upstream:
                     if waited > 0.001:
                         self.metrics.ratelimit_wait.inc(waited)
                     sent = self._clock()
-                    response = await self._session.request(
-                        method,
-                        URL(url, encoded=True),
-                        headers=send_headers,
-                        data=body,
-                        timeout=timeout,
-                        allow_redirects=False,
-                        ssl=self.target.ssl_context or True,  # replaced when a cert rotates
-                    )
+                    async with asyncio.timeout(deadline):
+                        response = await self._session.request(
+                            method,
+                            URL(url, encoded=True),
+                            headers=send_headers,
+                            data=body,
+                            timeout=timeout,
+                            allow_redirects=False,
+                            ssl=self.target.ssl_context or True,  # replaced when a cert rotates
+                        )
             except UpstreamDown:
                 raise self._unavailable() from None
             except TooManyRequests:
                 self.metrics.throttled.labels("upstream").inc()
                 raise
             except TimeoutError:
-                self._mark(False, "timed out")
+                # One slow request is not an outage: it fails alone.
+                self._suspect(f"{method} timed out")
                 self.metrics.upstream_errors.labels("timeout").inc()
-                raise UpstreamTimeout(f"the apiserver did not answer {method} {path_qs}") from None
+                raise UpstreamTimeout(
+                    f"the apiserver did not answer {method} {path_qs} in time"
+                ) from None
             except aiohttp.ClientSSLError as exc:
-                self._mark(False, describe(exc))
                 self.metrics.upstream_errors.labels("tls").inc()
-                raise self._unavailable() from None
+                raise self._failed(exc) from None
             except (aiohttp.ClientError, OSError) as exc:
-                self._mark(False, describe(exc))
                 self.metrics.upstream_errors.labels("connect").inc()
-                raise self._unavailable() from None
+                raise self._failed(exc) from None
             # Any HTTP answer means the apiserver is reachable, even a 5xx from it.
-            self._mark(True)
+            self._answered()
             self.metrics.upstream_requests.labels(verb, str(response.status)).inc()
             self.metrics.upstream_request_duration.labels(verb).observe(self._clock() - sent)
             if response.status == 429:
@@ -226,28 +263,41 @@ class Upstream:
                     ssl=self.target.ssl_context or True,
                 )
         except aiohttp.WSServerHandshakeError as refused:
-            self._mark(True)
+            self._answered()
             self.metrics.upstream_requests.labels("connect", str(refused.status)).inc()
             raise
         except UpstreamDown:
             raise self._unavailable() from None
         except (aiohttp.ClientError, OSError) as exc:
-            self._mark(False, describe(exc))
             self.metrics.upstream_errors.labels("connect").inc()
-            raise self._unavailable() from None
-        self._mark(True)
+            raise self._failed(exc) from None
+        self._answered()
         self.metrics.upstream_requests.labels("connect", "101").inc()
         return ws
 
     async def probe(self) -> bool:
-        """One reachability check (used by the connectivity prober only)."""
+        """One reachability check (used by the connectivity prober only); raises ProbeFailed
+        with the reason an operator should read when there is no usable answer."""
         token = PROBING.set(True)
         try:
-            response = await self.open("GET", "/readyz", verb="get", probe=True, wait=True)
+            response = await self.open(
+                "GET",
+                "/readyz",
+                verb="get",
+                probe=True,
+                wait=True,
+                deadline=self.config.connect_timeout_seconds,
+            )
+        except ProxyError as error:
+            raise ProbeFailed(
+                error.message.removeprefix("the apiserver did not answer: ")
+            ) from None
         finally:
             PROBING.reset(token)
         response.release()
-        return response.status < 500
+        if response.status >= 500:
+            raise ProbeFailed(f"the apiserver answered /readyz with {response.status}")
+        return True
 
 
 async def read_lines(response: aiohttp.ClientResponse, max_line: int) -> AsyncIterator[bytes]:
