@@ -126,8 +126,11 @@ class ApiHandler:
         self.client_limit = client_limit
         self.watch_errors = watch_errors
         self._clock = clock
-        # Set at shutdown: requests still arriving on open keep-alive connections (clients
-        # re-watching at once) are refused, so nothing new starts upstream after the signal.
+        # Set at shutdown. Watches, streams and upgrades still arriving on open keep-alive
+        # connections (clients re-watching at once) are refused, so no watch starts upstream
+        # after the signal; one-shot requests are still answered, so a client in the middle of
+        # its work loses nothing. Every answer then closes its connection, and the client
+        # reconnects to the next instance.
         self.draining = False
 
     async def __call__(self, request: web.Request) -> web.StreamResponse:
@@ -139,8 +142,6 @@ class ApiHandler:
             self.guard.request_started(request.transport)
         response: web.StreamResponse
         try:
-            if self.draining:
-                raise UpstreamUnavailable("watchproxy is shutting down", retry_after=1)
             verb, response = await self._handle(request)
         except ProxyError as error:
             if isinstance(error, HostNotAllowed):
@@ -148,12 +149,12 @@ class ApiHandler:
                 log.warning("refused Host %r from %s", request.host, request.remote)
             verb = refused_verb(request)
             response = status_response(error)
-            if self.draining:
-                response.force_close()  # the client reconnects, to the next instance
         finally:
             gauge.dec()
             if self.guard is not None:
                 self.guard.request_finished(request.transport)
+        if self.draining:
+            response.force_close()
         finished = self._clock()
         self._count_errored_watch(request, response, finished - started)
         stream = request.get(STREAM, False) or response.status == 101
@@ -217,6 +218,8 @@ class ApiHandler:
             raise
         streaming = is_streaming(verb, api_path, raw_query)
         request[STREAM] = streaming
+        if self.draining and (streaming or request.headers.get("Upgrade")):
+            raise UpstreamUnavailable("watchproxy is shutting down", retry_after=1)
         if request.headers.get("Upgrade") or api_path.subresource in UPGRADE_SUBRESOURCES:
             if self.relay is None or api_path.subresource not in UPGRADE_SUBRESOURCES:
                 raise BadRequest(f"watchproxy does not relay upgrades on {raw_path}")
