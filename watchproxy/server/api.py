@@ -48,14 +48,27 @@ def status_response(error: ProxyError) -> web.Response:
     return response
 
 
+def reads_list_options(method: str, api_path: ApiPath) -> bool:
+    """Whether the apiserver decodes this request's query as ListOptions (list, watch,
+    deletecollection, the legacy ``/watch/`` paths). Elsewhere it ignores those parameters:
+    ``GET .../configmaps/NAME?watch=1&limit=abc`` is a plain GET, answered 200."""
+    if api_path.resource is None or api_path.subresource is not None:
+        return False
+    if method == "GET":
+        return api_path.is_collection or api_path.legacy_watch
+    return method == "DELETE" and api_path.is_collection and not api_path.legacy_watch
+
+
 def verb_of(method: str, api_path: ApiPath, watch: bool) -> str:
-    """The Kubernetes verb of a request, as the apiserver's audit and metrics name it."""
+    """The Kubernetes verb of a request, as the apiserver's audit and metrics name it.
+
+    ``watch`` is the decoded ``watch`` parameter; it matters only on a collection."""
     if api_path.kind in ("discovery", "other") or api_path.resource is None:
         return "get" if method in ("GET", "HEAD") else method.lower()
     if api_path.subresource in UPGRADE_SUBRESOURCES or api_path.subresource == "proxy":
         return "connect"
     if method in ("GET", "HEAD"):
-        if watch or api_path.legacy_watch:
+        if api_path.legacy_watch or (watch and api_path.is_collection):
             return "watch"
         return "list" if api_path.is_collection else "get"
     if method == "DELETE":
@@ -130,11 +143,12 @@ class ApiHandler:
             log.warning("refused non-canonical path %r from %s", raw_path[:200], request.remote)
             raise
         query: WatchQuery | None = None
-        if api_path.resource is not None:
+        if reads_list_options(request.method, api_path):
             query = parse_watch_query(request.rel_url.query)
         watch = bool(query and query.watch)
         verb = verb_of(request.method, api_path, watch)
-        self.policy.check(request.method, raw_path)
+        # The apiserver serves "x/" as "x": so must every rule written for "x" apply to it.
+        self.policy.check(request.method, raw_path[:-1] if api_path.trailing_slash else raw_path)
         if request.headers.get("Upgrade") or api_path.subresource in UPGRADE_SUBRESOURCES:
             if self.relay is None or api_path.subresource not in UPGRADE_SUBRESOURCES:
                 raise BadRequest(f"watchproxy does not relay upgrades on {raw_path}")
@@ -155,7 +169,9 @@ class ApiHandler:
             cached = self.hub.serve_list(request, api_path, query)
             if cached is not None:
                 return verb, cached
-        if verb == "watch" and self.hub is not None and query is not None:
+        # A negative timeoutSeconds is valid and ends the watch at once: the apiserver's call.
+        shareable = query is not None and (query.timeout_seconds or 0) >= 0
+        if verb == "watch" and self.hub is not None and query is not None and shareable:
             served = await self.hub.serve(request, api_path, query)
             if served is not None:
                 return verb, served
