@@ -40,6 +40,18 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.connections = Gauge(
+            "watchproxy_connections",
+            "Open API-port connections, by state (head: no whole request yet; idle; active).",
+            ["state"],
+            registry=r,
+        )
+        self.connections_shed = Counter(
+            "watchproxy_connections_shed",
+            "API-port connections closed at the connection cap to make room, by state.",
+            ["state"],
+            registry=r,
+        )
         # Upstream side.
         self.upstream_requests = Counter(
             "watchproxy_upstream_requests",
