@@ -5,6 +5,7 @@ Every error is turned into a Kubernetes ``Status`` response here, at the edge.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
@@ -18,6 +19,7 @@ from watchproxy.kube.apipath import ApiPath, parse_api_path
 from watchproxy.kube.watchquery import WatchQuery, parse_watch_query
 from watchproxy.metrics import Metrics
 from watchproxy.policy.access import AccessPolicy, HostNotAllowed, host_allowed
+from watchproxy.policy.ratelimit import flow
 from watchproxy.server.listener import ConnectionGuard
 from watchproxy.server.passthrough import Forwarder
 from watchproxy.server.upgrade import WebSocketRelay
@@ -132,6 +134,16 @@ class ApiHandler:
         self.metrics.request_duration.labels(verb).observe(self._clock() - started)
         return response
 
+    def _flow_of(self, request: web.Request) -> tuple[str, str]:
+        """Who gets a fair share of the upstream budget: one source address (one pod in
+        node-local mode), and one credential when clients' credentials are forwarded. Shared
+        watches are the proxy's own work and are not charged to any client."""
+        credential = ""
+        if self.forwarder.forward_identity:
+            auth = request.headers.get("Authorization", "")
+            credential = hashlib.sha256(auth.encode()).hexdigest()[:16] if auth else ""
+        return request.remote or "", credential
+
     async def _handle(self, request: web.Request) -> tuple[str, web.StreamResponse]:
         if not host_allowed(request.headers.get("Host"), self.allowed_hosts):
             raise HostNotAllowed(f"Host {request.headers.get('Host')!r} is not allowed")
@@ -155,7 +167,8 @@ class ApiHandler:
             upgrades = self.metrics.in_flight.labels("stream")
             upgrades.inc()
             try:
-                return verb, await self.relay.relay(request)
+                with flow(self._flow_of(request)):
+                    return verb, await self.relay.relay(request)
             finally:
                 upgrades.dec()
         if verb in ("watch", "list") and self.client_limit is not None:
@@ -180,7 +193,8 @@ class ApiHandler:
         if gauge is not None:
             gauge.inc()
         try:
-            return verb, await self.forwarder.forward(request, verb=verb, streaming=streaming)
+            with flow(self._flow_of(request)):
+                return verb, await self.forwarder.forward(request, verb=verb, streaming=streaming)
         finally:
             if gauge is not None:
                 gauge.dec()
