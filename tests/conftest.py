@@ -2,7 +2,8 @@
 
 Tiers are folders: ``unit`` (pure, milliseconds), ``component`` (one real proxy and fake on
 loopback), ``e2e`` (real clients: kubectl, the Python clients, Go/Rust/Node programs),
-``fakeapi`` (the fake apiserver itself), ``deploy`` (manifests, image, packaging). Each folder's
+``fakeapi`` (the fake apiserver itself), ``deploy`` (manifests, image, packaging), ``realapi``
+(watchproxy against a real kube-apiserver built from Go modules). Each folder's
 tests carry the marker of the same name, so ``pytest -m unit`` runs one tier.
 """
 
@@ -16,7 +17,7 @@ import uvloop
 
 from kubefake import FakeApiServer
 
-TIERS = ("unit", "component", "e2e", "fakeapi", "deploy")
+TIERS = ("unit", "component", "e2e", "fakeapi", "deploy", "realapi")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -52,6 +52,48 @@ def make_config(overrides: dict[str, Any] | None = None) -> Config:
     return build_config(data, file_name="test")
 
 
+@dataclass
+class RunningProxy:
+    """A started watchproxy in front of any upstream (a fake, or a real kube-apiserver)."""
+
+    proxy: Proxy
+    kubeconfig: str
+    upstream_kubeconfig: str
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.proxy.api_port}"
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://127.0.0.1:{self.proxy.admin_port}"
+
+
+@contextlib.asynccontextmanager
+async def proxy_for_upstream(
+    tmp_path: Any,
+    upstream_kubeconfig: str,
+    overrides: dict[str, Any] | None = None,
+    *,
+    seed: int = 1,
+) -> AsyncIterator[RunningProxy]:
+    """A watchproxy whose upstream is the cluster in ``upstream_kubeconfig``, stopped after."""
+    proxy = Proxy(
+        make_config(overrides), from_kubeconfig(upstream_kubeconfig), rng=random.Random(seed)
+    )
+    await proxy.start()
+    try:
+        kubeconfig = os.path.join(tmp_path, "proxy.kubeconfig")
+        with open(kubeconfig, "w", encoding="utf-8") as handle:
+            handle.write(
+                render_kubeconfig(f"http://127.0.0.1:{proxy.api_port}", namespace="default")
+            )
+        await wait_for(lambda: proxy.connectivity.up, what="proxy to reach the upstream")
+        yield RunningProxy(proxy, kubeconfig, upstream_kubeconfig)
+    finally:
+        await proxy.stop()
+
+
 @contextlib.asynccontextmanager
 async def running_proxy(
     tmp_path: Any,
@@ -66,20 +108,10 @@ async def running_proxy(
         await fake.start()
     try:
         upstream_kubeconfig = fake.write_kubeconfig(os.path.join(tmp_path, "upstream.kubeconfig"))
-        proxy = Proxy(
-            make_config(overrides), from_kubeconfig(upstream_kubeconfig), rng=random.Random(seed)
-        )
-        await proxy.start()
-        try:
-            kubeconfig = os.path.join(tmp_path, "proxy.kubeconfig")
-            with open(kubeconfig, "w", encoding="utf-8") as handle:
-                handle.write(
-                    render_kubeconfig(f"http://127.0.0.1:{proxy.api_port}", namespace="default")
-                )
-            await wait_for(lambda: proxy.connectivity.up, what="proxy to reach the upstream")
-            yield Running(fake, proxy, kubeconfig, upstream_kubeconfig)
-        finally:
-            await proxy.stop()
+        async with proxy_for_upstream(
+            tmp_path, upstream_kubeconfig, overrides, seed=seed
+        ) as running:
+            yield Running(fake, running.proxy, running.kubeconfig, upstream_kubeconfig)
     finally:
         if own_fake:
             await fake.stop()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 import socket
 import time
@@ -106,6 +107,7 @@ class Proxy:
         return self.hub.debug()
 
     async def start(self) -> None:
+        self.metrics.start()
         await self.upstream.start()
         self.connectivity.start()
         guard = ConnectionGuard(
@@ -152,7 +154,11 @@ class Proxy:
     ) -> int:
         # Bind the socket here so that port 0 tells its real number, whatever the event loop.
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.create_server((host.strip("[]"), port), family=family, backlog=512)
+        try:
+            sock = socket.create_server((host.strip("[]"), port), family=family, backlog=512)
+        except OSError as error:  # one line that names the port (the CLI prints strerror)
+            reason = os.strerror(error.errno).lower() if error.errno else str(error)
+            raise OSError(error.errno, f"cannot listen on {host}:{port}: {reason}") from None
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0)
         await runner.setup()
         self._runners.append(runner)
@@ -181,4 +187,5 @@ class Proxy:
         self._servers.clear()
         await self.connectivity.close()
         await self.upstream.close()
+        await self.metrics.stop()
         log.info("stopped")

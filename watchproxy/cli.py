@@ -1,4 +1,4 @@
-"""Command line: ``watchproxy [run]``, ``watchproxy kubeconfig``.
+"""Command line: ``watchproxy [run]``, ``watchproxy check-config``, ``watchproxy kubeconfig``.
 
 The demo (``watchproxy-demo``) lives with the fake apiserver in ``kubefake.demo`` and reuses the
 config flags and loop set-up from here; the product never imports the fake."""
@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import signal
 import sys
 from collections.abc import Mapping, Sequence
+from typing import NoReturn
 
 from watchproxy import __version__
-from watchproxy.config import Config, ConfigError, build_config, load_file
+from watchproxy.config import Config, ConfigError, build_config, load_file, read_env
 from watchproxy.kube.credentials import CredentialsError, resolve_target
 from watchproxy.logs import setup_logging
 
@@ -27,6 +29,13 @@ FLAG_KEYS = {
     "context": "upstream.context",
     "log_level": "logging.level",
 }
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, except that a bad argument is one line (no usage block) and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
@@ -48,7 +57,7 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(
+    top = OneLineParser(
         prog="watchproxy",
         description="Sidecar proxy for the Kubernetes API: shared watches, rate limits, backoff.",
     )
@@ -56,6 +65,10 @@ def parser() -> argparse.ArgumentParser:
     sub = top.add_subparsers(dest="command")
     run = sub.add_parser("run", help="run the proxy (the default command)")
     add_config_flags(run)
+    check = sub.add_parser(
+        "check-config", help="validate the config (file, environment, flags) and exit: 0 or 2"
+    )
+    add_config_flags(check)
     kubeconfig = sub.add_parser("kubeconfig", help="print a kubeconfig pointing at the proxy")
     kubeconfig.add_argument("--server", default=None, help="default: http://127.0.0.1:<port>")
     kubeconfig.add_argument("--listen-port", type=int, default=None)
@@ -64,9 +77,13 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
-def load_config(args: argparse.Namespace, env: Mapping[str, str]) -> Config:
-    path = args.config or env.get("WATCHPROXY_CONFIG")
-    data = load_file(path) if path else {}
+def config_path(args: argparse.Namespace, env: Mapping[str, str]) -> str | None:
+    path: str | None = args.config or env.get("WATCHPROXY_CONFIG")
+    return path
+
+
+def flag_overrides(args: argparse.Namespace) -> dict[str, str]:
+    """``section.key`` -> text for every config flag given, ``--set`` included."""
     overrides: dict[str, str] = {}
     for flag, key in FLAG_KEYS.items():
         value = getattr(args, flag, None)
@@ -77,7 +94,33 @@ def load_config(args: argparse.Namespace, env: Mapping[str, str]) -> Config:
         if not sep or "." not in key:
             raise ConfigError(f"flag --set {item}: expected SECTION.KEY=VALUE")
         overrides[key.strip()] = value
-    return build_config(data, file_name=path or "config", env=env, overrides=overrides)
+    return overrides
+
+
+def load_config(args: argparse.Namespace, env: Mapping[str, str]) -> Config:
+    path = config_path(args, env)
+    data = load_file(path) if path else {}
+    return build_config(data, file_name=path or "config", env=env, overrides=flag_overrides(args))
+
+
+def _counted(n: int, what: str, suffix: str = "") -> list[str]:
+    return [f"{n} {what}{'' if n == 1 else 's'}{suffix}"] if n else []
+
+
+def check_config(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    """``watchproxy check-config``: one line on stdout and 0, or one line on stderr and 2."""
+    try:
+        load_config(args, env)
+        found = read_env(env)
+    except ConfigError as error:
+        print(f"watchproxy: {error}", file=sys.stderr)
+        return 2
+    parts = [config_path(args, env) or "no config file"]
+    parts += _counted(len(found.settings), "environment setting")
+    parts += _counted(len(flag_overrides(args)), "flag setting")
+    parts += _counted(len(found.ignored), "Kubernetes service-link variable", " ignored")
+    print(f"watchproxy: config ok ({', '.join(parts)})")
+    return 0
 
 
 def install_loop() -> None:
@@ -106,8 +149,21 @@ async def run_proxy(config: Config, env: Mapping[str, str]) -> None:
         env=env,
         reload_seconds=config.upstream.token_reload_seconds,
     )
+    # An exec plugin runs once before serving, so that a broken one stops start-up in one line.
+    try:
+        await target.refresh(strict=True)
+    except CredentialsError:
+        target.close()
+        raise
     proxy = Proxy(config, target)
-    await proxy.start()
+    try:
+        await proxy.start()
+    except BaseException:
+        # End what did start (the upstream session, the prober) without logging about it:
+        # main() reports the cause in one line.
+        logging.getLogger("watchproxy").setLevel(logging.WARNING)
+        await proxy.stop()
+        raise
     try:
         await wait_for_signal()
     finally:
@@ -123,11 +179,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "kubeconfig":
         from watchproxy.kube.kubeconfig import render_kubeconfig
 
-        server = args.server or f"http://127.0.0.1:{args.listen_port or 8001}"
-        sys.stdout.write(
-            render_kubeconfig(server, namespace=args.namespace, context_name=args.context_name)
-        )
+        port = 8001 if args.listen_port is None else args.listen_port
+        try:
+            if not 1 <= port <= 65535:
+                raise ValueError(f"--listen-port: must be a port number 1-65535, got {port}")
+            text = render_kubeconfig(
+                args.server or f"http://127.0.0.1:{port}",
+                namespace=args.namespace,
+                context_name=args.context_name,
+            )
+        except ValueError as error:
+            print(f"watchproxy kubeconfig: {error}", file=sys.stderr)
+            return 2
+        sys.stdout.write(text)
         return 0
+    if args.command == "check-config":
+        return check_config(args, env)
     try:
         config = load_config(args, env)
     except ConfigError as error:
@@ -141,6 +208,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"watchproxy: {error}", file=sys.stderr)
         return 2
     except OSError as error:
-        print(f"watchproxy: cannot start: {error}", file=sys.stderr)
-        return 1
+        print(f"watchproxy: {error.strerror or error}", file=sys.stderr)
+        return 2
     return 0

@@ -3,12 +3,19 @@
 Precedence: flags > environment (``WATCHPROXY_<SECTION>_<KEY>``) > file > defaults. Every
 problem is a :class:`ConfigError` whose message names the source and the key, so the CLI can
 print one line and exit 2.
+
+Kubernetes puts "service link" variables into every container for every Service of the
+namespace; a Service named ``watchproxy`` (or ``watchproxy-<anything>``) gives
+``WATCHPROXY_SERVICE_HOST``, ``WATCHPROXY_PORT=tcp://...`` and more. :func:`read_env` recognises
+those shapes and ignores them; every other ``WATCHPROXY_*`` variable must name a known section
+and key, so a misspelt setting stops the program instead of being silently dropped.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import re
 import types
 import typing
 from collections.abc import Mapping
@@ -18,6 +25,19 @@ from typing import Any, Literal, get_args, get_origin
 import yaml
 
 ENV_PREFIX = "WATCHPROXY_"
+ENV_CONFIG_FILE = ENV_PREFIX + "CONFIG"
+
+# The kubelet's service-link variables (pkg/kubelet/envvars) for a Service whose name, upper-cased
+# with "-" as "_", starts with WATCHPROXY: <NAME>_SERVICE_HOST, <NAME>_SERVICE_PORT,
+# <NAME>_SERVICE_PORT_<PORT NAME>, <NAME>_PORT (first port, as a URL) and
+# <NAME>_PORT_<number>_<PROTOCOL>[_PROTO|_PORT|_ADDR].
+_SERVICE_LINK_NAME = re.compile(
+    r"WATCHPROXY(?:_[A-Z0-9_]+?)?_(?:SERVICE_HOST|SERVICE_PORT(?:_[A-Z0-9_]+)?"
+    r"|PORT(?:_[0-9]+_(?:TCP|UDP|SCTP)(?:_PROTO|_PORT|_ADDR)?)?)"
+)
+# <NAME>_PORT is the one shape that can also be a setting (watchproxy-admin gives
+# WATCHPROXY_ADMIN_PORT); the kubelet's value is then a URL, a setting's value a number.
+_SERVICE_LINK_VALUE = re.compile(r"(?:tcp|udp|sctp)://")
 
 
 class ConfigError(Exception):
@@ -232,6 +252,42 @@ def _merge_section(
     merged.setdefault(section, {})[key] = _coerce(value, hints[key], where, True)
 
 
+@dataclass(frozen=True)
+class EnvSettings:
+    """The settings found in the environment and the variables deliberately left alone."""
+
+    settings: tuple[tuple[str, str, str, str], ...]  # (variable, section, key, text)
+    ignored: tuple[str, ...]  # Kubernetes service-link variables
+
+
+def read_env(env: Mapping[str, str]) -> EnvSettings:
+    """Pick the ``WATCHPROXY_<SECTION>_<KEY>`` settings out of ``env``.
+
+    Service-link variables are ignored (see the module docstring). Any other ``WATCHPROXY_*``
+    variable (``WATCHPROXY_CONFIG`` aside) that does not name a known section and key is a
+    ConfigError: it is almost certainly a misspelt setting.
+    """
+    settings: list[tuple[str, str, str, str]] = []
+    ignored: list[str] = []
+    for name, text in sorted(env.items()):
+        if not name.startswith(ENV_PREFIX) or name == ENV_CONFIG_FILE:
+            continue
+        section, _, key = name[len(ENV_PREFIX) :].lower().partition("_")
+        known = section in _SECTIONS and key in _hints(_SECTIONS[section])
+        link_name = _SERVICE_LINK_NAME.fullmatch(name) is not None
+        if link_name and (not known or _SERVICE_LINK_VALUE.match(text) is not None):
+            ignored.append(name)
+        elif known:
+            settings.append((name, section, key, text))
+        elif section not in _SECTIONS:
+            raise ConfigError(
+                f"environment {name}: unknown section {section!r} (known: {', '.join(_SECTIONS)})"
+            )
+        else:
+            raise ConfigError(f"environment {name}: unknown key {section}.{key}")
+    return EnvSettings(tuple(settings), tuple(ignored))
+
+
 def load_file(path: str) -> dict[str, Any]:
     """Read a YAML config file; a missing or malformed file is a ConfigError naming it."""
     try:
@@ -277,11 +333,7 @@ def build_config(
                     f"{file_name}: {section}.{key}: unknown key (known: {', '.join(hints)})"
                 )
             merged.setdefault(section, {})[key] = value
-    for name, text in sorted((env or {}).items()):
-        if not name.startswith(ENV_PREFIX) or name == ENV_PREFIX + "CONFIG":
-            continue
-        rest = name[len(ENV_PREFIX) :].lower()
-        section, _, key = rest.partition("_")
+    for name, section, key, text in read_env(env or {}).settings:
         _merge_section(merged, section, key, text, f"environment {name}")
     for dotted, text in (overrides or {}).items():
         section, _, key = dotted.partition(".")

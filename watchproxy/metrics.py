@@ -1,177 +1,361 @@
-"""Prometheus collectors, on a registry owned by one proxy instance (so tests can run several)."""
+"""Prometheus collectors, on a registry owned by one proxy instance (so tests can run several).
+
+``docs/metrics.md`` holds the table of every metric; ``python -m watchproxy.metrics`` prints it
+and a test keeps the two equal.
+"""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.exposition import generate_latest
+from prometheus_client.metrics import MetricWrapperBase
+
+from watchproxy import __version__
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+# Client watches live 30 to 60 minutes by default (hub.client_watch_*_seconds); exec sessions and
+# followed logs as long as the user likes. Fine steps early, where a broken client shows.
+STREAM_BUCKETS = (
+    1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0, 1200.0, 1800.0, 2400.0, 3000.0, 3600.0,
+)  # fmt: skip
+LOOP_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+_M = TypeVar("_M", bound=MetricWrapperBase)
+
+
+@dataclass(frozen=True)
+class MetricDoc:
+    """One row of the metrics table: the exposed name, type, label names and help text."""
+
+    name: str
+    type: str
+    labels: tuple[str, ...]
+    help: str
 
 
 class Metrics:
-    """Every metric watchproxy exports. Names follow Prometheus conventions."""
+    """Every metric watchproxy exports. Names follow Prometheus conventions.
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    ``start()`` / ``stop()`` run and end the one task this object owns, the event-loop lag
+    sampler; everything else is passive.
+    """
+
+    def __init__(
+        self, registry: CollectorRegistry | None = None, *, lag_interval: float = 0.5
+    ) -> None:
         self.registry = registry or CollectorRegistry()
-        r = self.registry
-        # Client side.
-        self.requests = Counter(
-            "watchproxy_requests",
-            "Client requests answered, by Kubernetes verb and HTTP status code.",
-            ["verb", "code"],
-            registry=r,
+        self.catalog: list[MetricDoc] = []
+        self._lag_interval = lag_interval
+        self._lag_task: asyncio.Task[None] | None = None
+        add = self._add
+        # Build and process.
+        self.build_info = add(
+            Gauge, "watchproxy_build_info", "Always 1; the version label says which watchproxy.",
+            ["version"],
+        )  # fmt: skip
+        self.build_info.labels(__version__).set(1)
+        ProcessCollector(registry=self.registry)
+        self.event_loop_lag = add(
+            Histogram,
+            "watchproxy_event_loop_lag_seconds",
+            "How late the event loop ran a timer that was due (sampled twice a second): what "
+            "every request and event waits on top of its own work.",
+            buckets=LOOP_LAG_BUCKETS,
         )
-        self.request_duration = Histogram(
+        # Client side.
+        self.requests = add(
+            Counter,
+            "watchproxy_requests",
+            "Client requests answered, by Kubernetes verb and HTTP status code (refused ones "
+            "too, with the verb they asked for); a stream is counted when it ends.",
+            ["verb", "code"],
+        )
+        self.request_duration = add(
+            Histogram,
             "watchproxy_request_duration_seconds",
-            "Time to answer a client request (to the response headers for streams), by verb.",
+            "Time from a client request's arrival to the end of its response, for requests "
+            "that are not streams, by verb.",
             ["verb"],
             buckets=LATENCY_BUCKETS,
-            registry=r,
         )
-        self.in_flight = Gauge(
+        self.stream_duration = add(
+            Histogram,
+            "watchproxy_stream_duration_seconds",
+            "Lifetime of client streams (watches, followed logs, exec/attach/port-forward), "
+            "from the request's arrival to the end of the stream, by verb.",
+            ["verb"],
+            buckets=STREAM_BUCKETS,
+        )
+        self.in_flight = add(
+            Gauge,
             "watchproxy_requests_in_flight",
-            "Client requests being served now, by kind (request or stream).",
+            "Client requests being served now: kind=request counts all of them, kind=stream "
+            "those that are streams (watches, followed logs, exec/attach/port-forward).",
             ["kind"],
-            registry=r,
         )
-        self.rejected = Counter(
+        self.rejected = add(
+            Counter,
             "watchproxy_rejected_requests",
-            "Client requests refused by the proxy itself, by reason.",
+            "Client requests and connections refused by the proxy itself, by reason (host, "
+            "path, read-only, policy, connections, header-timeout, malformed).",
             ["reason"],
-            registry=r,
         )
-        self.connections = Gauge(
-            "watchproxy_connections",
-            "Open API-port connections, by state (head: no whole request yet; idle; active).",
-            ["state"],
-            registry=r,
+        self.client_connections = add(
+            Gauge,
+            "watchproxy_client_connections",
+            "Open client TCP connections on the API port.",
         )
-        self.connections_shed = Counter(
-            "watchproxy_connections_shed",
-            "API-port connections closed at the connection cap to make room, by state.",
+        self.connections = add(
+            Gauge,
+            "watchproxy_client_connections_by_state",
+            "Open client connections on the API port by state: head (no whole request yet), "
+            "idle (keep-alive) or active (serving a request or a stream).",
             ["state"],
-            registry=r,
+        )
+        self.connections_shed = add(
+            Counter,
+            "watchproxy_client_connections_shed",
+            "Client connections closed at the connection cap to make room for a new one, by "
+            "state (idle first, then head, oldest first; active ones never).",
+            ["state"],
         )
         # Upstream side.
-        self.upstream_requests = Counter(
+        self.upstream_requests = add(
+            Counter,
             "watchproxy_upstream_requests",
             "Requests sent to the apiserver, by verb and HTTP status code.",
             ["verb", "code"],
-            registry=r,
         )
-        self.upstream_errors = Counter(
+        self.upstream_request_duration = add(
+            Histogram,
+            "watchproxy_upstream_request_duration_seconds",
+            "Time from sending a request to the apiserver to its response headers (rate-limiter "
+            "waits excluded; only requests that got an HTTP answer), by verb.",
+            ["verb"],
+            buckets=LATENCY_BUCKETS,
+        )
+        self.upstream_errors = add(
+            Counter,
             "watchproxy_upstream_errors",
             "Upstream requests that failed without an HTTP answer, by reason.",
             ["reason"],
-            registry=r,
         )
-        self.upstream_up = Gauge(
+        self.upstream_up = add(
+            Gauge,
             "watchproxy_upstream_up",
             "1 when the last upstream exchange succeeded, 0 while the apiserver is unreachable.",
-            registry=r,
         )
-        self.upstream_connection_attempts = Counter(
+        self.upstream_connections = add(
+            Gauge,
+            "watchproxy_upstream_connections",
+            "Open TCP connections to the apiserver (in use or idle in the keep-alive pool).",
+        )
+        self.upstream_connection_attempts = add(
+            Counter,
             "watchproxy_upstream_connection_attempts",
             "New TCP connections dialed to the apiserver (what it sees during an outage).",
-            registry=r,
         )
-        self.watch_upstream_opens = Counter(
+        self.watch_upstream_opens = add(
+            Counter,
             "watchproxy_watch_upstream_opens",
             "Upstream lists and watches opened by shared watches.",
-            registry=r,
         )
-        self.backoff_delay = Gauge(
+        self.backoff_delay = add(
+            Gauge,
             "watchproxy_backoff_delay_seconds",
-            "Largest backoff delay currently being waited by any shared upstream watch.",
-            registry=r,
+            "The backoff delay chosen last, by the connectivity prober while the apiserver is "
+            "unreachable or by a shared watch after a failed upstream watch (0 once the prober "
+            "reaches the apiserver).",
         )
-        self.backoff_seconds = Counter(
+        self.backoff_seconds = add(
+            Counter,
             "watchproxy_backoff_seconds",
-            "Total time spent waiting in backoff before reconnecting upstream.",
-            registry=r,
+            "Total time spent waiting in backoff before reconnecting upstream (the prober and "
+            "the shared watches, added up).",
         )
-        self.throttled = Counter(
+        self.throttled = add(
+            Counter,
             "watchproxy_throttled_requests",
             "Client requests answered 429 by the proxy's own rate limits, by limit.",
             ["limit"],
-            registry=r,
         )
-        self.upstream_throttled = Counter(
+        self.upstream_throttled = add(
+            Counter,
             "watchproxy_upstream_throttled",
             "429 answers received from the apiserver (API Priority and Fairness).",
-            registry=r,
         )
-        self.ratelimit_wait = Counter(
+        self.ratelimit_wait = add(
+            Counter,
             "watchproxy_ratelimit_wait_seconds",
             "Total time upstream requests waited for the token bucket or a concurrency slot.",
-            registry=r,
         )
         # Watch hub.
-        self.shared_watches = Gauge(
+        self.shared_watches = add(
+            Gauge,
             "watchproxy_shared_watches",
             "Shared upstream watches (one per distinct watch key).",
-            registry=r,
         )
-        self.subscribers = Gauge(
+        self.subscribers = add(
+            Gauge,
             "watchproxy_watch_subscribers",
             "Client watches served by the hub, by resource.",
             ["resource"],
-            registry=r,
         )
-        self.events_received = Counter(
+        self.events_received = add(
+            Counter,
             "watchproxy_watch_events_received",
             "Events received from upstream watches, by resource.",
             ["resource"],
-            registry=r,
         )
-        self.events_sent = Counter(
+        self.events_sent = add(
+            Counter,
             "watchproxy_watch_events_sent",
             "Events written to client watches (replays and synthetic ADDED too), by resource.",
             ["resource"],
-            registry=r,
         )
-        self.bytes_sent = Counter(
+        self.bytes_sent = add(
+            Counter,
             "watchproxy_watch_sent_bytes",
             "Bytes written to client watch streams, by resource.",
             ["resource"],
-            registry=r,
         )
-        self.history_events = Gauge(
+        self.history_events = add(
+            Gauge,
             "watchproxy_watch_history_events",
             "Events held in the history rings of all shared watches.",
-            registry=r,
         )
-        self.replays = Counter(
+        # The hub feeds these three (set_function or set); see their attributes' comments.
+        # history_bytes: per shared watch, the encoded bytes its history ring holds; label
+        # ``key`` is the watch key as /debug/watches shows it; remove the child when the
+        # shared watch ends.
+        self.history_bytes = add(
+            Gauge,
+            "watchproxy_history_bytes",
+            "Bytes of encoded events held in the history ring of each shared watch, by key.",
+            ["key"],
+        )
+        # history_budget_bytes: the configured cap on the sum of history_bytes (0: none).
+        self.history_budget_bytes = add(
+            Gauge,
+            "watchproxy_history_budget_bytes",
+            "Upper bound on the bytes all history rings may hold together (0 means no bound).",
+        )
+        # subscriber_lag_events: queued, not yet written events of the client watch that is
+        # furthest behind, across all shared watches (0 when every subscriber is caught up).
+        self.subscriber_lag = add(
+            Gauge,
+            "watchproxy_subscriber_lag_events",
+            "Events queued but not yet written to the client watch furthest behind.",
+        )
+        self.replays = add(
+            Counter,
             "watchproxy_watch_replays",
             "Client watches started from a resourceVersion served from the history ring.",
-            registry=r,
         )
-        self.expired = Counter(
+        self.expired = add(
+            Counter,
             "watchproxy_watch_expired",
             "Client watches answered with an in-stream 410 Expired (resourceVersion too old).",
-            registry=r,
         )
-        self.slow_subscribers = Counter(
+        self.slow_subscribers = add(
+            Counter,
             "watchproxy_watch_slow_subscribers_ended",
             "Client watches ended because they fell too far behind.",
-            registry=r,
         )
-        self.relists = Counter(
+        self.relists = add(
+            Counter,
             "watchproxy_watch_relists",
             "Relists of a shared watch after the upstream answered 410 Expired.",
-            registry=r,
         )
-        self.lists_from_cache = Counter(
+        self.lists_from_cache = add(
+            Counter,
             "watchproxy_lists_from_cache",
             "LIST requests with resourceVersion=0 answered from a shared watch's state.",
-            registry=r,
         )
-        self.passthrough_watches = Counter(
+        self.passthrough_watches = add(
+            Counter,
             "watchproxy_watch_passthrough",
             "Client watches passed through unshared (the hub cannot serve them), by reason.",
             ["reason"],
-            registry=r,
         )
+
+    def _add(
+        self,
+        kind: type[_M],
+        name: str,
+        documentation: str,
+        labels: list[str] | None = None,
+        *,
+        buckets: tuple[float, ...] | None = None,
+    ) -> _M:
+        extra: dict[str, Any] = {} if buckets is None else {"buckets": buckets}
+        metric = kind(name, documentation, labels or [], registry=self.registry, **extra)
+        exposed = name + "_total" if kind is Counter else name
+        type_name = {Counter: "counter", Gauge: "gauge", Histogram: "histogram"}[kind]
+        self.catalog.append(MetricDoc(exposed, type_name, tuple(labels or ()), documentation))
+        return metric
+
+    # -- what the handlers call -----------------------------------------------------------------
+
+    def request_done(self, verb: str, code: int, seconds: float, *, stream: bool) -> None:
+        """One client request answered: counted, and timed in the histogram of its kind."""
+        self.requests.labels(verb, str(code)).inc()
+        histogram = self.stream_duration if stream else self.request_duration
+        histogram.labels(verb).observe(seconds)
+
+    def count_client_connections(self, count: Callable[[], float]) -> None:
+        self.client_connections.set_function(count)
+
+    def count_upstream_connections(self, count: Callable[[], float]) -> None:
+        self.upstream_connections.set_function(count)
+
+    # -- the event-loop lag sampler --------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start sampling the event loop's lag (call on the loop that serves)."""
+        if self._lag_task is None:
+            self._lag_task = asyncio.get_running_loop().create_task(self._sample_lag())
+
+    async def stop(self) -> None:
+        if self._lag_task is not None:
+            task, self._lag_task = self._lag_task, None
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _sample_lag(self) -> None:
+        # A timer asked for ``interval`` from now fires late by as long as the callbacks queued
+        # before it took: the wait any ready work suffers at that moment.
+        while True:
+            due = time.monotonic() + self._lag_interval
+            await asyncio.sleep(self._lag_interval)
+            self.event_loop_lag.observe(max(0.0, time.monotonic() - due))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def markdown_table(metrics: Metrics | None = None) -> str:
+    """The table of docs/metrics.md: every metric of a fresh registry, in registration order."""
+    metrics = metrics or Metrics()
+    rows = ["| metric | type | labels | meaning |", "| --- | --- | --- | --- |"]
+    for doc in metrics.catalog:
+        labels = ", ".join(f"`{label}`" for label in doc.labels)
+        rows.append(f"| `{doc.name}` | {doc.type} | {labels} | {doc.help} |")
+    own = {doc.name for doc in metrics.catalog}
+    for family in metrics.registry.collect():
+        if family.name.startswith("process_") and family.name not in own:
+            name = family.name + ("_total" if family.type == "counter" else "")
+            rows.append(f"| `{name}` | {family.type} |  | {family.documentation} |")
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown_table(), end="")

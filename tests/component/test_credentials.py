@@ -113,17 +113,17 @@ async def test_insecure_skip_tls_verify(tmp_path: Any, fake_api: FakeApiServer) 
     assert await _get_pods(from_kubeconfig(path)) == 200
 
 
-def test_exec_plugins_are_refused_with_a_clear_message(tmp_path: Any) -> None:
+def test_auth_provider_plugins_are_refused_with_a_clear_message(tmp_path: Any) -> None:
     config = {
         "current-context": "c",
         "clusters": [{"name": "k", "cluster": {"server": "https://127.0.0.1:6443"}}],
-        "users": [{"name": "u", "user": {"exec": {"command": "aws"}}}],
+        "users": [{"name": "u", "user": {"auth-provider": {"name": "gcp"}}}],
         "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
     }
     path = os.path.join(tmp_path, "kubeconfig")
     with open(path, "w", encoding="utf-8") as handle:
         yaml.safe_dump(config, handle)
-    with pytest.raises(CredentialsError, match="exec/auth-provider plugin"):
+    with pytest.raises(CredentialsError, match="uses an auth-provider plugin"):
         from_kubeconfig(path)
 
 

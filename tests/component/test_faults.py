@@ -434,7 +434,8 @@ def free_port() -> int:
 
 # The CLI as shipped (uvloop), and the same CLI on the default asyncio loop.
 NO_UVLOOP = (
-    "import sys; import watchproxy.cli as cli; cli._install_loop = lambda: None; "
+    "import sys; import watchproxy.cli as cli; "
+    "assert callable(cli.install_loop); cli.install_loop = lambda: None; "
     "sys.exit(cli.main())"
 )
 LAUNCHERS = [

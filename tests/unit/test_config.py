@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from watchproxy.config import ConfigError, build_config, load_file
+from watchproxy.config import ConfigError, build_config, load_file, read_env
 
 
 def test_example_config_is_the_defaults() -> None:
@@ -112,3 +112,136 @@ def test_cli_missing_kubeconfig_exits_2() -> None:
     result = _run_cli("run", "--kubeconfig", "/nonexistent/kubeconfig", "--listen-port", "0")
     assert result.returncode == 2
     assert "cannot read kubeconfig /nonexistent/kubeconfig" in result.stderr
+
+
+# --- Kubernetes service links ------------------------------------------------------------------
+# What the kubelet puts into every container of the namespace (pkg/kubelet/envvars) for a Service
+# named "watchproxy" with ports 8001/TCP "api" and 8081/TCP "admin", ClusterIP 10.96.0.12.
+SERVICE_LINKS_WATCHPROXY = {
+    "WATCHPROXY_SERVICE_HOST": "10.96.0.12",
+    "WATCHPROXY_SERVICE_PORT": "8001",
+    "WATCHPROXY_SERVICE_PORT_API": "8001",
+    "WATCHPROXY_SERVICE_PORT_ADMIN": "8081",
+    "WATCHPROXY_PORT": "tcp://10.96.0.12:8001",
+    "WATCHPROXY_PORT_8001_TCP": "tcp://10.96.0.12:8001",
+    "WATCHPROXY_PORT_8001_TCP_PROTO": "tcp",
+    "WATCHPROXY_PORT_8001_TCP_PORT": "8001",
+    "WATCHPROXY_PORT_8001_TCP_ADDR": "10.96.0.12",
+    "WATCHPROXY_PORT_8081_TCP": "tcp://10.96.0.12:8081",
+    "WATCHPROXY_PORT_8081_TCP_PROTO": "tcp",
+    "WATCHPROXY_PORT_8081_TCP_PORT": "8081",
+    "WATCHPROXY_PORT_8081_TCP_ADDR": "10.96.0.12",
+}
+# A Service "watchproxy-admin" (one unnamed UDP port, IPv6 ClusterIP): its "_PORT" variable has
+# the very name of the admin.port setting, with a URL for a value.
+SERVICE_LINKS_WATCHPROXY_ADMIN = {
+    "WATCHPROXY_ADMIN_SERVICE_HOST": "fd00::12",
+    "WATCHPROXY_ADMIN_SERVICE_PORT": "9000",
+    "WATCHPROXY_ADMIN_PORT": "udp://[fd00::12]:9000",
+    "WATCHPROXY_ADMIN_PORT_9000_UDP": "udp://[fd00::12]:9000",
+    "WATCHPROXY_ADMIN_PORT_9000_UDP_PROTO": "udp",
+    "WATCHPROXY_ADMIN_PORT_9000_UDP_PORT": "9000",
+    "WATCHPROXY_ADMIN_PORT_9000_UDP_ADDR": "fd00::12",
+}
+# A Service "watchproxy-hub-metrics" (SCTP): names under a section that has no such keys.
+SERVICE_LINKS_WATCHPROXY_HUB_METRICS = {
+    "WATCHPROXY_HUB_METRICS_SERVICE_HOST": "10.96.0.13",
+    "WATCHPROXY_HUB_METRICS_SERVICE_PORT": "7000",
+    "WATCHPROXY_HUB_METRICS_SERVICE_PORT_SCRAPE_HTTP": "7000",
+    "WATCHPROXY_HUB_METRICS_PORT": "sctp://10.96.0.13:7000",
+    "WATCHPROXY_HUB_METRICS_PORT_7000_SCTP": "sctp://10.96.0.13:7000",
+    "WATCHPROXY_HUB_METRICS_PORT_7000_SCTP_PROTO": "sctp",
+    "WATCHPROXY_HUB_METRICS_PORT_7000_SCTP_PORT": "7000",
+    "WATCHPROXY_HUB_METRICS_PORT_7000_SCTP_ADDR": "10.96.0.13",
+}
+ALL_SERVICE_LINKS = {
+    **SERVICE_LINKS_WATCHPROXY,
+    **SERVICE_LINKS_WATCHPROXY_ADMIN,
+    **SERVICE_LINKS_WATCHPROXY_HUB_METRICS,
+}
+
+
+def test_service_link_variables_are_ignored() -> None:
+    env = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", **ALL_SERVICE_LINKS}
+    assert build_config({}, env=env) == build_config({})
+    assert read_env(env).ignored == tuple(sorted(ALL_SERVICE_LINKS))
+
+
+def test_settings_still_apply_beside_service_links() -> None:
+    env = {
+        **ALL_SERVICE_LINKS,
+        "WATCHPROXY_HUB_LINGER_SECONDS": "7",
+        "WATCHPROXY_LISTEN_PORT": "9001",
+    }
+    config = build_config({}, env=env)
+    assert config.hub.linger_seconds == 7.0
+    assert config.listen.port == 9001
+    assert config.admin.port == 8081  # WATCHPROXY_ADMIN_PORT=udp://... is a link, not a port
+
+
+def test_admin_port_setting_with_a_number_is_a_setting() -> None:
+    assert build_config({}, env={"WATCHPROXY_ADMIN_PORT": "9090"}).admin.port == 9090
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("WATCHPROXY_FOO_BAR", "environment WATCHPROXY_FOO_BAR: unknown section 'foo'"),
+        ("WATCHPROXY_HUB_LINGER_SECOND", "environment WATCHPROXY_HUB_LINGER_SECOND: unknown key"),
+        ("WATCHPROXY_SERVICE_HOSTS", "unknown section 'service'"),
+        ("WATCHPROXY_PORT_80_HTTP", "unknown section 'port'"),
+        ("WATCHPROXY_PORT_X_TCP_ADDR", "unknown section 'port'"),
+    ],
+)
+def test_other_watchproxy_variables_are_refused(name: str, message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        build_config({}, env={name: "1"})
+    assert message in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_cli_starts_config_check_with_service_links(tmp_path: object) -> None:
+    result = _run_cli_env({**ALL_SERVICE_LINKS}, "check-config")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    (line,) = result.stdout.splitlines()
+    assert line.startswith("watchproxy: config ok")
+    assert f"{len(ALL_SERVICE_LINKS)} Kubernetes service-link variables ignored" in line
+
+
+def test_check_config_refuses_a_bad_setting_with_one_line(tmp_path: object) -> None:
+    path = f"{tmp_path}/c.yaml"
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write("hub:\n  linger_seconds: 3\n")
+    env = {"WATCHPROXY_CONFIG": path, "WATCHPROXY_BACKOFF_JITTER": "lots"}
+    result = _run_cli_env(env, "check-config", "--listen-port", "8002")
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.strip() == (
+        "watchproxy: environment WATCHPROXY_BACKOFF_JITTER: must be one of proportional, full, "
+        "none, got 'lots'"
+    )
+
+
+def test_check_config_checks_flags_and_file(tmp_path: object) -> None:
+    path = f"{tmp_path}/c.yaml"
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write("hub:\n  linger_seconds: 3\n")
+    good = _run_cli_env({}, "check-config", "--config", path, "--set", "hub.enabled=false")
+    assert good.returncode == 0, good.stderr
+    assert good.stdout.strip() == f"watchproxy: config ok ({path}, 1 flag setting)"
+    bad = _run_cli_env({}, "check-config", "--config", path, "--listen-port", "99999")
+    assert bad.returncode == 2
+    assert bad.stderr.strip() == (
+        f"watchproxy: {path}: listen.port: must be a port number 0-65535, got 99999"
+    )
+
+
+def _run_cli_env(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "watchproxy", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={"PATH": "/usr/bin:/bin", **env},
+    )

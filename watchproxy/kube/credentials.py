@@ -8,6 +8,8 @@ kept when a read fails, and a 401 forces an early re-read.
 from __future__ import annotations
 
 import base64
+import contextlib
+import logging
 import os
 import ssl
 import tempfile
@@ -17,6 +19,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
+
+from watchproxy.kube.execplugin import (
+    ExecCredentialSource,
+    ExecPluginError,
+    parse_exec_spec,
+)
+
+log = logging.getLogger("watchproxy.credentials")
 
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
@@ -99,15 +109,80 @@ class UpstreamTarget:
     basic_auth: tuple[str, str] | None = None
     namespace: str = "default"
     source: str = ""
+    exec_source: ExecCredentialSource | None = None
     _tempdir: tempfile.TemporaryDirectory[str] | None = field(default=None, repr=False)
+    _ssl_factory: Callable[[], ssl.SSLContext] | None = field(default=None, repr=False)
 
     def auth_header(self) -> str | None:
+        if self.exec_source is not None and self.exec_source.token is not None:
+            return f"Bearer {self.exec_source.token}"
         if self.token is not None:
             return f"Bearer {self.token.token()}"
         if self.basic_auth is not None:
             raw = f"{self.basic_auth[0]}:{self.basic_auth[1]}".encode()
             return "Basic " + base64.b64encode(raw).decode()
         return None
+
+    async def refresh(self, *, strict: bool = False) -> None:
+        """Make the credential current before a request: runs the exec plugin when its
+        credential is missing, expired or refused. ``strict`` (start-up) raises
+        CredentialsError if the plugin fails; otherwise the last credential stays in use."""
+        if self.exec_source is None:
+            return
+        try:
+            changed = await self.exec_source.refresh(strict=strict)
+        except ExecPluginError as error:
+            raise CredentialsError(f"{self.source}: {error}") from None
+        credential = self.exec_source.credential
+        if changed and credential is not None and credential.client_certificate_pem:
+            self._use_client_certificate(
+                credential.client_certificate_pem, credential.client_key_pem or "", strict=strict
+            )
+
+    def _use_client_certificate(self, cert_pem: str, key_pem: str, *, strict: bool) -> None:
+        # A new context rather than the old one reloaded: requests name their SSL context, and
+        # the connection pool keys on it, so the new certificate goes out on new connections
+        # while the old ones drain.
+        if self._ssl_factory is None:
+            return  # plain http: no TLS to present a certificate on
+        if self._tempdir is None:
+            self._tempdir = tempfile.TemporaryDirectory(prefix="watchproxy-")
+        cert_file = os.path.join(self._tempdir.name, "exec-client.crt")
+        key_file = os.path.join(self._tempdir.name, "exec-client.key")
+        try:
+            for file, pem in ((cert_file, cert_pem), (key_file, key_pem)):
+                fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                with os.fdopen(fd, "w", encoding="ascii") as handle:
+                    handle.write(pem)
+            context = self._ssl_factory()
+            context.load_cert_chain(cert_file, key_file)
+        except (OSError, ValueError, ssl.SSLError, CredentialsError) as error:
+            message = f"{self.source}: exec plugin client certificate unusable: {error}"
+            if strict:
+                raise CredentialsError(message) from None
+            log.warning("%s; keeping the last one", message)
+            return
+        finally:
+            for file in (cert_file, key_file):
+                with contextlib.suppress(OSError):
+                    os.unlink(file)  # the key stays on disk only while it is loaded
+        self.ssl_context = context
+
+    def invalidate(self, sent_auth: str | None) -> bool:
+        """The apiserver answered 401 to a request sent with ``sent_auth``: arrange for a fresh
+        credential. True if a retry can bring a different one (exec plugin, token file)."""
+        if self.exec_source is not None:
+            sent = (
+                sent_auth[len("Bearer ") :]
+                if sent_auth and sent_auth.startswith("Bearer ")
+                else None
+            )
+            self.exec_source.invalidate(sent)
+            return True
+        if self.token is not None and self.token.path is not None:
+            self.token.invalidate()
+            return True
+        return False
 
     def close(self) -> None:
         if self._tempdir is not None:
@@ -161,6 +236,19 @@ def _resolve(base_dir: str, value: str) -> str:
     return value if os.path.isabs(value) else os.path.join(base_dir, value)
 
 
+def _ca_bytes(cluster: Mapping[str, Any], base_dir: str) -> bytes | None:
+    """The cluster's CA as PEM bytes, for an exec plugin's cluster info (best effort)."""
+    try:
+        if cluster.get("certificate-authority-data"):
+            return base64.b64decode(str(cluster["certificate-authority-data"]))
+        if cluster.get("certificate-authority"):
+            with open(_resolve(base_dir, str(cluster["certificate-authority"])), "rb") as handle:
+                return handle.read()
+    except (OSError, ValueError):
+        pass  # the TLS set-up reports the same problem with its name
+    return None
+
+
 def from_kubeconfig(
     path: str, *, context: str | None = None, reload_seconds: float = 60.0
 ) -> UpstreamTarget:
@@ -189,51 +277,111 @@ def from_kubeconfig(
 
     tempdir: tempfile.TemporaryDirectory[str] | None = None
 
-    def materialize(data_b64: str, filename: str) -> str:
+    def materialize(data_b64: str, filename: str, what: str) -> str:
         nonlocal tempdir
+        try:
+            data = base64.b64decode(data_b64)
+        except ValueError:
+            if tempdir is not None:
+                tempdir.cleanup()
+            raise CredentialsError(f"kubeconfig {path}: {what}: not valid base64") from None
         if tempdir is None:
             tempdir = tempfile.TemporaryDirectory(prefix="watchproxy-")
         target = os.path.join(tempdir.name, filename)
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as handle:
-            handle.write(base64.b64decode(data_b64))
+            handle.write(data)
         return target
 
-    context_ssl: ssl.SSLContext | None = None
-    if server.startswith("https://"):
-        context_ssl = ssl.create_default_context()
+    def load(what: str, file: str, action: Callable[[], None]) -> None:
+        """Run one TLS loading step; a failure names the kubeconfig field and its file."""
         try:
-            if cluster.get("certificate-authority-data"):
-                context_ssl.load_verify_locations(
-                    cadata=base64.b64decode(cluster["certificate-authority-data"]).decode()
-                )
-            elif cluster.get("certificate-authority"):
-                context_ssl.load_verify_locations(
-                    cafile=_resolve(base_dir, cluster["certificate-authority"])
-                )
-            if cluster.get("insecure-skip-tls-verify"):
-                context_ssl.check_hostname = False
-                context_ssl.verify_mode = ssl.CERT_NONE
-            cert = user.get("client-certificate")
-            key = user.get("client-key")
-            if user.get("client-certificate-data"):
-                cert = materialize(user["client-certificate-data"], "client.crt")
-            if user.get("client-key-data"):
-                key = materialize(user["client-key-data"], "client.key")
-            if cert:
-                context_ssl.load_cert_chain(
-                    _resolve(base_dir, cert), _resolve(base_dir, key) if key else None
-                )
-        except (OSError, ssl.SSLError, ValueError) as exc:
+            action()
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+        except (ssl.SSLError, ValueError) as exc:
+            reason = getattr(exc, "reason", None) or str(exc)
+        else:
+            return
+        if tempdir is not None:
+            tempdir.cleanup()
+        raise CredentialsError(f"kubeconfig {path}: {what} {file}: {reason}")
+
+    def readable(file: str) -> None:
+        with open(file, "rb"):
+            pass
+
+    cert = user.get("client-certificate")
+    key = user.get("client-key")
+    if user.get("client-certificate-data"):
+        cert = materialize(
+            str(user["client-certificate-data"]), "client.crt", "client-certificate-data"
+        )
+    if user.get("client-key-data"):
+        key = materialize(str(user["client-key-data"]), "client.key", "client-key-data")
+    cert_file = _resolve(base_dir, str(cert)) if cert else None
+    key_file = _resolve(base_dir, str(key)) if key else None
+    inline_cert = bool(user.get("client-certificate-data") or user.get("client-key-data"))
+
+    def make_context() -> ssl.SSLContext:
+        """The TLS settings of the kubeconfig; called again when an exec plugin gives a new
+        client certificate, to hold it in a context of its own."""
+        context = ssl.create_default_context()
+        if cluster.get("certificate-authority-data"):
+            ca_data = str(cluster["certificate-authority-data"])
+            load(
+                "certificate-authority-data",
+                "(inline)",
+                lambda: context.load_verify_locations(cadata=base64.b64decode(ca_data).decode()),
+            )
+        elif cluster.get("certificate-authority"):
+            ca_file = _resolve(base_dir, str(cluster["certificate-authority"]))
+            load(
+                "certificate-authority",
+                ca_file,
+                lambda: context.load_verify_locations(cafile=ca_file),
+            )
+        if cluster.get("insecure-skip-tls-verify"):
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        if cert_file is not None:
+            load("client-certificate", cert_file, lambda: readable(cert_file))
+            if key_file is not None:
+                load("client-key", key_file, lambda: readable(key_file))
+            load(
+                "client-certificate-data" if inline_cert else "client-certificate",
+                "(inline)" if inline_cert else cert_file,
+                lambda: context.load_cert_chain(cert_file, key_file),
+            )
+        return context
+
+    https = server.startswith("https://")
+    context_ssl = make_context() if https else None
+
+    if user.get("auth-provider"):
+        if tempdir is not None:
+            tempdir.cleanup()
+        raise CredentialsError(
+            f"kubeconfig {path}: user of context {name!r} uses an auth-provider plugin (removed "
+            "from kubectl in 1.26), which watchproxy does not run; use an exec plugin, a token, "
+            "a token file or a client certificate"
+        )
+    exec_source: ExecCredentialSource | None = None
+    if user.get("exec"):
+        try:
+            spec = parse_exec_spec(
+                user["exec"],
+                base_dir=base_dir,
+                cluster=cluster,
+                ca_data=_ca_bytes(cluster, base_dir),
+            )
+        except ExecPluginError as error:
             if tempdir is not None:
                 tempdir.cleanup()
-            raise CredentialsError(f"kubeconfig {path}: TLS settings: {exc}") from None
-
-    if user.get("exec") or user.get("auth-provider"):
-        raise CredentialsError(
-            f"kubeconfig {path}: user of context {name!r} uses an exec/auth-provider plugin, "
-            "which watchproxy does not run; use a token, token file or client certificate"
-        )
+            raise CredentialsError(
+                f"kubeconfig {path}: user of context {name!r}: {error}"
+            ) from None
+        exec_source = ExecCredentialSource(spec)
     token: TokenSource | None = None
     if user.get("token"):
         token = TokenSource(token=str(user["token"]))
@@ -251,7 +399,9 @@ def from_kubeconfig(
         basic_auth=basic,
         namespace=str(ctx.get("namespace") or "default"),
         source=f"kubeconfig {path} context {name}",
+        exec_source=exec_source,
         _tempdir=tempdir,
+        _ssl_factory=make_context if https else None,
     )
 
 

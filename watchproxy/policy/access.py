@@ -15,6 +15,14 @@ class HostNotAllowed(Forbidden):
     """A Host header outside the allowlist (a DNS-rebinding attempt, or a misconfigured client)."""
 
 
+class ReadOnlyRefused(Forbidden):
+    """A write refused because ``security.read_only`` is set."""
+
+
+class PolicyDenied(Forbidden):
+    """A request refused by a ``deny`` rule of ``security.rules``."""
+
+
 def host_allowed(host_header: str | None, allowed: Iterable[str]) -> bool:
     """True if the Host (with or without its port) is in the allowlist."""
     if not host_header:
@@ -39,11 +47,11 @@ class AccessPolicy:
         """Raise Forbidden if ``method`` on the (already canonical) ``path`` is not allowed."""
         method = method.upper()
         if self.read_only and method in WRITE_METHODS:
-            raise Forbidden(f"watchproxy is read-only: {method} {path} is not allowed")
+            raise ReadOnlyRefused(f"watchproxy is read-only: {method} {path} is not allowed")
         for rule in self.rules:
             if rule.methods and method not in {m.upper() for m in rule.methods}:
                 continue
             if fnmatch.fnmatchcase(path, rule.path) or path == rule.path:
                 if rule.action == "deny":
-                    raise Forbidden(f"watchproxy policy denies {method} {path}")
+                    raise PolicyDenied(f"watchproxy policy denies {method} {path}")
                 return

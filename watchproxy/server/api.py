@@ -18,7 +18,13 @@ from watchproxy.errors import BadRequest, ProxyError, TooManyRequests
 from watchproxy.kube.apipath import ApiPath, parse_api_path
 from watchproxy.kube.watchquery import WatchQuery, parse_watch_query
 from watchproxy.metrics import Metrics
-from watchproxy.policy.access import AccessPolicy, HostNotAllowed, host_allowed
+from watchproxy.policy.access import (
+    AccessPolicy,
+    HostNotAllowed,
+    PolicyDenied,
+    ReadOnlyRefused,
+    host_allowed,
+)
 from watchproxy.policy.ratelimit import flow
 from watchproxy.server.listener import ConnectionGuard
 from watchproxy.server.passthrough import Forwarder
@@ -27,6 +33,9 @@ from watchproxy.server.upgrade import WebSocketRelay
 log = logging.getLogger("watchproxy.server")
 
 UPGRADE_SUBRESOURCES = frozenset({"exec", "attach", "portforward"})
+# Set by the handler once it knows whether the answer is a stream (for the duration metrics).
+STREAM = web.RequestKey("watchproxy_stream", bool)
+_METHOD_VERBS = {"HEAD": "get", "POST": "create", "PUT": "update", "PATCH": "patch"}
 
 
 class WatchServer(Protocol):
@@ -78,6 +87,18 @@ def verb_of(method: str, api_path: ApiPath, watch: bool) -> str:
     return {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(method, method.lower())
 
 
+def refused_verb(request: web.Request) -> str:
+    """The verb of a request that was refused before it was routed (for the metrics' labels):
+    from its path and query when they parse, else from its method alone."""
+    try:
+        api_path = parse_api_path(request.raw_path.partition("?")[0])
+        reads = reads_list_options(request.method, api_path)
+        watch = reads and parse_watch_query(request.rel_url.query).watch
+    except ProxyError:
+        return _METHOD_VERBS.get(request.method, request.method.lower())
+    return verb_of(request.method, api_path, watch)
+
+
 def is_streaming(verb: str, api_path: ApiPath, raw_query: str) -> bool:
     if verb == "watch":
         return True
@@ -112,7 +133,6 @@ class ApiHandler:
 
     async def __call__(self, request: web.Request) -> web.StreamResponse:
         started = self._clock()
-        verb = "unknown"
         kind = "request"
         gauge = self.metrics.in_flight.labels(kind)
         gauge.inc()
@@ -125,13 +145,14 @@ class ApiHandler:
             if isinstance(error, HostNotAllowed):
                 self.metrics.rejected.labels("host").inc()
                 log.warning("refused Host %r from %s", request.host, request.remote)
+            verb = refused_verb(request)
             response = status_response(error)
         finally:
             gauge.dec()
             if self.guard is not None:
                 self.guard.request_finished(request.transport)
-        self.metrics.requests.labels(verb, str(response.status)).inc()
-        self.metrics.request_duration.labels(verb).observe(self._clock() - started)
+        stream = request.get(STREAM, False) or response.status == 101
+        self.metrics.request_done(verb, response.status, self._clock() - started, stream=stream)
         return response
 
     def _flow_of(self, request: web.Request) -> tuple[str, str]:
@@ -159,8 +180,20 @@ class ApiHandler:
             query = parse_watch_query(request.rel_url.query)
         watch = bool(query and query.watch)
         verb = verb_of(request.method, api_path, watch)
-        # The apiserver serves "x/" as "x": so must every rule written for "x" apply to it.
-        self.policy.check(request.method, raw_path[:-1] if api_path.trailing_slash else raw_path)
+        try:
+            # The apiserver serves "x/" as "x": so must every rule written for "x" apply to it.
+            self.policy.check(
+                request.method, raw_path[:-1] if api_path.trailing_slash else raw_path
+            )
+        except (ReadOnlyRefused, PolicyDenied) as refused:
+            reason = "read-only" if isinstance(refused, ReadOnlyRefused) else "policy"
+            self.metrics.rejected.labels(reason).inc()
+            log.info(
+                "refused (%s) %s %s from %s", reason, request.method, raw_path[:200], request.remote
+            )
+            raise
+        streaming = is_streaming(verb, api_path, raw_query)
+        request[STREAM] = streaming
         if request.headers.get("Upgrade") or api_path.subresource in UPGRADE_SUBRESOURCES:
             if self.relay is None or api_path.subresource not in UPGRADE_SUBRESOURCES:
                 raise BadRequest(f"watchproxy does not relay upgrades on {raw_path}")
@@ -185,10 +218,14 @@ class ApiHandler:
         # A negative timeoutSeconds is valid and ends the watch at once: the apiserver's call.
         shareable = query is not None and (query.timeout_seconds or 0) >= 0
         if verb == "watch" and self.hub is not None and query is not None and shareable:
-            served = await self.hub.serve(request, api_path, query)
+            hub_streams = self.metrics.in_flight.labels("stream")
+            hub_streams.inc()
+            try:
+                served = await self.hub.serve(request, api_path, query)
+            finally:
+                hub_streams.dec()
             if served is not None:
                 return verb, served
-        streaming = is_streaming(verb, api_path, raw_query)
         gauge = self.metrics.in_flight.labels("stream") if streaming else None
         if gauge is not None:
             gauge.inc()

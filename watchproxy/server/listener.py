@@ -68,6 +68,7 @@ class ConnectionGuard:
         # Insertion order is age in the state: the first entry is the one to shed first.
         self._sheddable: dict[State, dict[GuardedProtocol, None]] = {"idle": {}, "head": {}}
         self._gauges = {state: metrics.connections.labels(state) for state in _STATES}
+        metrics.count_client_connections(lambda: self.open)
 
     def __call__(self) -> asyncio.Protocol:
         if self.max_connections and self.open >= self.max_connections and not self._shed_one():

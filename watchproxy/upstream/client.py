@@ -58,6 +58,7 @@ class Upstream:
             limit=0,
             ttl_dns_cache=30,
         )
+        self.metrics.count_upstream_connections(connector.open_connections)
         # auto_decompress off: bodies pass through byte for byte with their Content-Encoding.
         self._session = aiohttp.ClientSession(
             base_url=None,
@@ -139,6 +140,8 @@ class Upstream:
         )
         url = self.target.server + path_qs
         for attempt in range(2):
+            if forwarded_auth is None:
+                await self.target.refresh()  # an exec plugin's credential, when it is due
             send_headers = self._with_credential(headers, forwarded_auth)
             queued = self._clock()
             try:
@@ -146,6 +149,7 @@ class Upstream:
                     waited = self._clock() - queued
                     if waited > 0.001:
                         self.metrics.ratelimit_wait.inc(waited)
+                    sent = self._clock()
                     response = await self._session.request(
                         method,
                         URL(url, encoded=True),
@@ -153,6 +157,7 @@ class Upstream:
                         data=body,
                         timeout=timeout,
                         allow_redirects=False,
+                        ssl=self.target.ssl_context or True,  # replaced when a cert rotates
                     )
             except UpstreamDown:
                 raise self._unavailable() from None
@@ -174,6 +179,7 @@ class Upstream:
             # Any HTTP answer means the apiserver is reachable, even a 5xx from it.
             self._mark(True)
             self.metrics.upstream_requests.labels(verb, str(response.status)).inc()
+            self.metrics.upstream_request_duration.labels(verb).observe(self._clock() - sent)
             if response.status == 429:
                 self.metrics.upstream_throttled.inc()
                 delay = parse_retry_after(response.headers.get("Retry-After"), time.time())
@@ -182,12 +188,11 @@ class Upstream:
                 response.status == 401
                 and attempt == 0
                 and forwarded_auth is None
-                and self.target.token is not None
-                and self.target.token.path is not None
+                and self.target.invalidate(send_headers.get("Authorization"))
             ):
-                # A rotated projected token: re-read the file and try once more.
+                # A rotated token file or an exec credential the apiserver no longer takes:
+                # get a fresh one and try once more.
                 response.release()
-                self.target.token.invalidate()
                 continue
             return response
         raise AssertionError("unreachable")  # pragma: no cover
@@ -207,6 +212,8 @@ class Upstream:
         assert self._session is not None, "Upstream.start() was not called"
         if self.connectivity is not None and self.connectivity.down:
             raise self._unavailable()
+        if forwarded_auth is None:
+            await self.target.refresh()
         send_headers = self._with_credential(headers, forwarded_auth)
         try:
             async with self.limiter.slot(max_wait=self.max_wait):
@@ -216,6 +223,7 @@ class Upstream:
                     headers=send_headers,
                     max_msg_size=0,
                     timeout=aiohttp.ClientWSTimeout(ws_close=10.0),
+                    ssl=self.target.ssl_context or True,
                 )
         except aiohttp.WSServerHandshakeError as refused:
             self._mark(True)

@@ -13,6 +13,7 @@ import asyncio
 import contextvars
 import gc
 import logging
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -44,6 +45,11 @@ class SerialConnector(aiohttp.TCPConnector):
         self._is_down = is_down
         self._on_failure = on_failure
         self._dialing = asyncio.Lock()
+        self._dialed: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def open_connections(self) -> int:
+        """Connections this connector opened that are still open (in use or pooled)."""
+        return sum(1 for protocol in list(self._dialed) if protocol.is_connected())
 
     async def _create_connection(self, req: Any, traces: Any, timeout: Any) -> Any:
         async with self._dialing:
@@ -51,11 +57,13 @@ class SerialConnector(aiohttp.TCPConnector):
                 raise UpstreamDown("the apiserver is unreachable")
             self._on_dial()
             try:
-                return await self._dial(req, traces, timeout)
+                protocol = await self._dial(req, traces, timeout)
             except (OSError, aiohttp.ClientError, TimeoutError) as error:
                 # Record it before the next dial may start (still holding the lock).
                 self._on_failure(error)
                 raise
+            self._dialed.add(protocol)
+            return protocol
 
     async def _dial(self, req: Any, traces: Any, timeout: Any) -> Any:
         try:

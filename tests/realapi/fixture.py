@@ -1,0 +1,195 @@
+"""A real kube-apiserver (with etcd, in one Go process) for the tests, started and stopped here.
+
+``tests/realapi/build.sh`` builds ``tests/realapi/bin/kubetestenv`` from the Go module beside this
+file; :func:`start_kubetestenv` runs it on loopback, waits for the JSON file it writes once its
+``/readyz`` is ok, and :meth:`RealApiServer.stop` ends it (SIGTERM, then SIGKILL) and awaits it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import ssl
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+HERE = Path(__file__).resolve().parent
+BINARY = HERE / "bin" / "kubetestenv"
+SOURCES = (HERE / "go.mod", HERE / "go.sum", HERE / "kubetestenv" / "main.go")
+READY_TIMEOUT = 100.0
+STOP_TIMEOUT = 30.0
+# Short, so that a test sees an etcd compaction within seconds (the apiserver compacts to the
+# revision it saw one interval earlier: an old revision is gone after at most two intervals).
+COMPACTION_INTERVAL = "4s"
+# configmaps skip the watch cache, so a configmap watch reads etcd and sees its compaction; pods
+# keep the watch cache, as most resources of a real cluster do.
+APISERVER_ARGS = "--watch-cache-sizes=configmaps#0"
+
+
+class Unavailable(Exception):
+    """The binary is missing or older than its sources (run tests/realapi/build.sh)."""
+
+
+def binary_problem() -> str | None:
+    """Why the built binary cannot be used, or None."""
+    if not BINARY.exists():
+        return f"{BINARY} is missing: run tests/realapi/build.sh (needs Go)"
+    built = BINARY.stat().st_mtime
+    stale = [str(p.relative_to(HERE)) for p in SOURCES if p.stat().st_mtime > built]
+    if stale:
+        return f"{BINARY} is older than {', '.join(stale)}: run tests/realapi/build.sh"
+    return None
+
+
+@dataclass
+class RealApiServer:
+    """One running kubetestenv process and what a client needs to reach it."""
+
+    url: str
+    ca_file: str
+    token: str
+    kubeconfig: str
+    dir: Path
+    port: int
+    etcd_port: int
+    log_path: Path
+    process: subprocess.Popen[bytes]
+    _log: IO[bytes] | None = field(default=None, repr=False)
+
+    @property
+    def pki_dir(self) -> Path:
+        """The CA, the apiserver's serving certificate and key, the service-account key."""
+        return self.dir / "state" / "pki"
+
+    def ssl_context(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cafile=self.ca_file)
+
+    def auth(self, token: str | None = None) -> dict[str, str]:
+        return {"Authorization": f"Bearer {token or self.token}"}
+
+    def write_kubeconfig(self, path: Path, *, token: str, server: str | None = None) -> str:
+        """A kubeconfig for ``token`` against this apiserver (or ``server``, e.g. a relay)."""
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": "real",
+            "clusters": [
+                {
+                    "name": "real",
+                    "cluster": {
+                        "server": server or self.url,
+                        "certificate-authority": self.ca_file,
+                    },
+                }
+            ],
+            "users": [{"name": "real", "user": {"token": token}}],
+            "contexts": [
+                {
+                    "name": "real",
+                    "context": {"cluster": "real", "user": "real", "namespace": "default"},
+                }
+            ],
+        }
+        path.write_text(json.dumps(config), encoding="utf-8")
+        return str(path)
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log_path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self) -> None:
+        """SIGTERM, wait, SIGKILL if it hangs; the process is always reaped."""
+        try:
+            if self.process.poll() is None:
+                self.process.send_signal(signal.SIGTERM)
+                try:
+                    self.process.wait(STOP_TIMEOUT)
+                except subprocess.TimeoutExpired:
+                    self.process.kill()
+                    self.process.wait(STOP_TIMEOUT)
+        finally:
+            if self._log is not None:
+                self._log.close()
+                self._log = None
+
+
+def start_kubetestenv(
+    state_dir: Path, *, port: int = 0, etcd_port: int = 0, extra: tuple[str, ...] = ()
+) -> RealApiServer:
+    """Start kubetestenv with its state in ``state_dir`` and return it once it is ready.
+
+    Reusing ``state_dir`` and the ports of an earlier run restarts the same cluster (same etcd
+    data, CA and token).
+    """
+    problem = binary_problem()
+    if problem is not None:
+        raise Unavailable(problem)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    ready_file = state_dir / "ready.json"
+    ready_file.unlink(missing_ok=True)
+    log_path = state_dir / "kubetestenv.log"
+    log = open(log_path, "ab")  # noqa: SIM115 - owned by the RealApiServer, closed in stop()
+    command = [
+        str(BINARY),
+        "-dir",
+        str(state_dir / "state"),
+        "-ready-file",
+        str(ready_file),
+        "-port",
+        str(port),
+        "-etcd-port",
+        str(etcd_port),
+        "-compaction-interval",
+        COMPACTION_INTERVAL,
+        "-apiserver-args",
+        APISERVER_ARGS,
+        *extra,
+    ]
+    process = subprocess.Popen(
+        command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+    )
+    deadline = time.monotonic() + READY_TIMEOUT
+    info: dict[str, Any] | None = None
+    try:
+        while info is None:
+            if process.poll() is not None:
+                raise RuntimeError(f"kubetestenv exited with {process.returncode}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"kubetestenv not ready after {READY_TIMEOUT:.0f}s")
+            if ready_file.exists():
+                info = json.loads(ready_file.read_text(encoding="utf-8"))
+            else:
+                # A subprocess cannot be awaited together with a file appearing; a bounded
+                # poll it is (the start takes seconds, the poll step is small beside it).
+                time.sleep(0.1)
+    except BaseException as error:
+        server = RealApiServer("", "", "", "", state_dir, 0, 0, log_path, process, log)
+        tail = server.log_tail()
+        server.stop()
+        if isinstance(error, RuntimeError):
+            raise RuntimeError(f"{error}; log tail:\n{tail}") from None
+        raise
+    return RealApiServer(
+        url=info["url"],
+        ca_file=info["ca_file"],
+        token=info["token"],
+        kubeconfig=info["kubeconfig"],
+        dir=state_dir,
+        port=int(info["port"]),
+        etcd_port=int(info["etcd_port"]),
+        log_path=log_path,
+        process=process,
+        _log=log,
+    )
+
+
+def ci_requires_tier() -> bool:
+    """In CI (CI=true) a tier that cannot run fails instead of skipping."""
+    return os.environ.get("CI", "").lower() == "true"
