@@ -23,15 +23,12 @@ What the real apiserver does, in short (the rows pin each point):
 - unknown parameters, ``pretty=maybe`` and a bad ``includeObject`` on JSON are ignored;
 - one trailing slash is served as if absent (``/version/``, ``/api/``, ``.../pods/``).
 
-Set ``WATCHPROXY_PARITY_APISERVER`` to the ``ready.json`` a running kubetestenv wrote to check
-the recorded codes against a real apiserver too.
+``tests/realapi/test_parity.py`` asks the real apiserver the same table (directly, and through a
+proxy in front of it) wherever that tier runs.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -392,38 +389,6 @@ async def test_the_fake_answers_as_the_apiserver(running: Running, row: Row) -> 
         head_only=row.stream,
     )
     _check_answer(row, answer, row.fake_status, "fake")
-
-
-def _real_apiserver() -> dict[str, Any] | None:
-    ready = os.environ.get("WATCHPROXY_PARITY_APISERVER")
-    if not ready:
-        return None
-    with open(ready, encoding="utf-8") as handle:
-        info: dict[str, Any] = json.load(handle)
-    return info
-
-
-@pytest.mark.parametrize("row", ROWS, ids=[row.id for row in ROWS])
-async def test_the_recorded_code_is_the_real_apiservers(row: Row) -> None:
-    info = _real_apiserver()
-    if info is None:
-        pytest.skip("WATCHPROXY_PARITY_APISERVER is not set (a kubetestenv ready.json)")
-    context = ssl.create_default_context(cafile=info["ca_file"])
-    create = request(
-        "POST",
-        CM,
-        headers=[
-            ("Authorization", f"Bearer {info['token']}"),
-            ("Content-Type", "application/json"),
-        ],
-        body=json.dumps(CM1).encode(),
-    )
-    created = await send_raw(int(info["port"]), create, ssl_context=context)
-    assert created.status in (201, 409), created.body[:300]
-    answer = await send_raw(
-        int(info["port"]), _raw(row, token=info["token"]), ssl_context=context, head_only=True
-    )
-    assert answer.status == row.real, (row.id, answer.status)
 
 
 async def test_a_trailing_slash_does_not_escape_an_access_rule(tmp_path: Any) -> None:
