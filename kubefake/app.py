@@ -16,7 +16,7 @@ from .paths import GroupVersionPath, parse_api_path
 from .stats import RequestRecord, now
 
 HEALTH_PATHS = ("/healthz", "/readyz", "/livez")
-PUBLIC_PATHS = (*HEALTH_PATHS, "/version")
+PUBLIC_PATHS = (*HEALTH_PATHS, "/version", "/version/")
 MAX_BODY = 3 * 1024 * 1024  # the apiserver's request body limit
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -32,7 +32,9 @@ def status_response(request: web.Request, err: ApiError) -> web.Response:
 
 
 def _is_watch(request: web.Request) -> bool:
-    return request.query.get("watch") in ("true", "1", "True") or "/watch/" in request.path
+    # apimachinery's booleans: false only for "0" and "false" in any case.
+    value = request.query.get("watch")
+    return "/watch/" in request.path or not (value is None or value.lower() in ("0", "false"))
 
 
 def build_app(ctx: ServerContext) -> web.Application:
@@ -120,9 +122,11 @@ def build_app(ctx: ServerContext) -> web.Application:
     app = web.Application(middlewares=[edge], client_max_size=MAX_BODY)
     for path in HEALTH_PATHS:
         app.router.add_get(path, health)
-    app.router.add_get("/version", version)
-    app.router.add_get("/api", api_root)
-    app.router.add_get("/apis", apis_root)
+    # A real apiserver serves these with one trailing slash too (some clients ask so).
+    for suffix in ("", "/"):
+        app.router.add_get("/version" + suffix, version)
+        app.router.add_get("/api" + suffix, api_root)
+        app.router.add_get("/apis" + suffix, apis_root)
     app.router.add_route("*", "/api/{tail:.+}", api_path)
     app.router.add_route("*", "/apis/{tail:.+}", api_path)
     app.router.add_get("/openapi/v3", openapi_v3)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -16,6 +17,7 @@ from . import patch as patches
 from .context import BASE_HEADERS, CUT, OpenStream, ServerContext
 from .errors import BadRequest, MethodNotAllowed, NotFound, UnsupportedMediaType
 from .listing import list_objects
+from .options import ListOptions, decode_list_options
 from .paths import ApiPath
 from .remote import exec_websocket
 from .resources import ResourceType
@@ -35,8 +37,28 @@ def json_response(request: web.Request, obj: Any, status: int = 200) -> web.Resp
     )
 
 
-def _is_watch(request: web.Request, path: ApiPath) -> bool:
-    return path.legacy_watch or request.query.get("watch") in ("true", "1", "True")
+# A Go duration, as the apiserver parses the request deadline (``timeout``) of short requests.
+_GO_DURATION = re.compile(r"[-+]?(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)")
+
+
+def _check_request_timeout(request: web.Request) -> None:
+    value = request.query.get("timeout")
+    if value is not None and not _GO_DURATION.fullmatch(value):
+        raise BadRequest(
+            f'invalid timeout specified in the request URL - time: invalid duration "{value}"'
+        )
+
+
+def _list_options(request: web.Request, path: ApiPath) -> ListOptions | None:
+    """The decoded ListOptions where the apiserver reads them: GET or DELETE on a collection,
+    GET on a legacy /watch/ path. A GET of one object ignores them (``?watch=1`` included)."""
+    if path.subresource is not None:
+        return None
+    if request.method == "GET" and (path.name is None or path.legacy_watch):
+        return decode_list_options(request.query, force_watch=path.legacy_watch)
+    if request.method == "DELETE" and path.name is None and not path.legacy_watch:
+        return decode_list_options(request.query)
+    return None
 
 
 def _strip_type(obj: Obj) -> Obj:
@@ -79,11 +101,13 @@ class ResourceHandlers:
             assert path.name is not None
             self.ctx.store.get("pods", path.namespace, path.name)  # 404 for a missing pod
             return await exec_websocket(request)
+        options = _list_options(request, path)
+        if options is not None and options.watch:
+            return await self.watch(request, path, options)
+        _check_request_timeout(request)  # only short requests have a deadline
         if method == "GET":
-            if _is_watch(request, path):
-                return await self.watch(request, path)
-            if path.name is None:
-                return self.list(request, path)
+            if options is not None:
+                return self.list(request, path, options)
             return self.get(request, path)
         if path.legacy_watch:
             raise MethodNotAllowed(f"the server does not allow this method: {method}")
@@ -134,21 +158,16 @@ class ResourceHandlers:
         obj = self.ctx.store.get(path.rt.name, path.namespace, path.name)
         return self._present_one(request, path.rt, obj)
 
-    def list(self, request: web.Request, path: ApiPath) -> web.Response:
+    def list(self, request: web.Request, path: ApiPath, options: ListOptions) -> web.Response:
         rep = negotiate(request.headers.get("Accept"))
-        limit_raw = request.query.get("limit")
-        try:
-            limit = int(limit_raw) if limit_raw else None
-        except ValueError:
-            raise BadRequest(f'limit: Invalid value: "{limit_raw}"') from None
         result = list_objects(
             self.ctx.store,
             path.rt.name,
             self._filter(request, path),
-            limit=limit,
-            continue_token=request.query.get("continue"),
-            resource_version=request.query.get("resourceVersion"),
-            rv_match=request.query.get("resourceVersionMatch"),
+            limit=options.limit,
+            continue_token=options.continue_token,
+            resource_version=options.resource_version,
+            rv_match=options.resource_version_match,
         )
         meta: dict[str, Any] = {"resourceVersion": str(result.resource_version)}
         if result.continue_token:
@@ -175,16 +194,18 @@ class ResourceHandlers:
             }
         return json_response(request, body)
 
-    async def watch(self, request: web.Request, path: ApiPath) -> web.StreamResponse:
+    async def watch(
+        self, request: web.Request, path: ApiPath, options: ListOptions
+    ) -> web.StreamResponse:
         flt = self._filter(request, path)
-        if path.name is not None:  # GET .../pods/NAME?watch=1 is a watch on that name
+        if path.name is not None:  # GET .../watch/.../pods/NAME is a watch on that name
             flt = Filter(
                 flt.namespace, flt.labels, FieldSelector.parse(f"metadata.name={path.name}", ())
             )
         rep = negotiate(request.headers.get("Accept"))
         include = request.query.get("includeObject", "Metadata")
         return await serve_watch(
-            request, self.ctx, path.rt, flt, rep, include, request.get(BASE_HEADERS, {})
+            request, self.ctx, path.rt, flt, rep, include, request.get(BASE_HEADERS, {}), options
         )
 
     # -- writes ----------------------------------------------------------------------------

@@ -39,16 +39,15 @@ def decode_continue(token: str) -> tuple[int, Key]:
 
 
 def parse_rv(value: str | None) -> int | None:
-    """A client-sent resourceVersion: None when unset, else a non-negative integer."""
+    """A client-sent resourceVersion: None when unset, else a decimal uint64 (Go ParseUint)."""
     if value is None or value == "":
         return None
-    try:
-        rv = int(value)
-    except ValueError:
-        raise BadRequest(f'resourceVersion: Invalid value: "{value}": must be an integer') from None
-    if rv < 0:
-        raise BadRequest(f'resourceVersion: Invalid value: "{value}": must be non-negative')
-    return rv
+    if not (value.isascii() and value.isdigit()) or int(value) >= 2**64:
+        raise BadRequest(
+            f'invalid resource version: resourceVersion: Invalid value: "{value}": '
+            f'strconv.ParseUint: parsing "{value}": invalid syntax'
+        )
+    return int(value)
 
 
 _EXPIRED_CONTINUE = (

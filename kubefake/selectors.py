@@ -9,11 +9,14 @@ from typing import Any
 
 from .errors import BadRequest
 
-_KEY = r"[A-Za-z0-9][-A-Za-z0-9_./]*"
-_VALUE = r"[-A-Za-z0-9_.]*"
-_SET_RE = re.compile(rf"^\s*({_KEY})\s+(in|notin)\s*\(([^)]*)\)\s*$")
-_EXISTS_RE = re.compile(rf"^\s*(!?)\s*({_KEY})\s*$")
-_BINARY_RE = re.compile(rf"^\s*({_KEY})\s*(==|=|!=|>|<)\s*({_VALUE})\s*$")
+# Label selector grammar as apimachinery's labels.Parse reads it (a lexer, then a parser).
+_SPECIAL = frozenset("=!(),<>")
+_SYMBOLS = ("!=", "==", "=", "!", "(", ")", ",", "<", ">")
+_NAME = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_INT64 = re.compile(r"[+-]?[0-9]+")
+_OPS = {"=": "=", "==": "=", "!=": "!=", "in": "in", "notin": "notin", ">": "gt", "<": "lt"}
+_END = ("end", "")
 
 
 @dataclass(frozen=True)
@@ -71,32 +74,133 @@ class LabelSelector:
 
     @classmethod
     def parse(cls, text: str | None) -> LabelSelector:
-        if not text or not text.strip():
-            return cls()
-        reqs: list[Requirement] = []
-        for part in _split_top_level(text):
-            reqs.append(_parse_requirement(part, text))
-        return cls(tuple(reqs))
+        """Parse like the apiserver: BadRequest with its message where it refuses."""
+        return cls(tuple(_LabelParser(text or "").parse()))
 
     def matches(self, labels: Mapping[str, str] | None) -> bool:
         labels = labels or {}
         return all(r.matches(labels) for r in self.requirements)
 
 
-def _parse_requirement(part: str, whole: str) -> Requirement:
-    if m := _SET_RE.match(part):
-        values = tuple(v.strip() for v in m.group(3).split(",") if v.strip())
-        if not values:
-            raise BadRequest(f"unable to parse requirement: values for {m.group(2)} must be given")
-        return Requirement(m.group(1), m.group(2), values)
-    if m := _EXISTS_RE.match(part):
-        return Requirement(m.group(2), "!exists" if m.group(1) else "exists")
-    if m := _BINARY_RE.match(part):
-        op = {"==": "=", "=": "=", "!=": "!=", ">": "gt", "<": "lt"}[m.group(2)]
-        if op in ("gt", "lt") and not re.fullmatch(r"-?[0-9]+", m.group(3)):
-            raise BadRequest(f"unable to parse requirement: {part!r}: value must be an integer")
-        return Requirement(m.group(1), op, (m.group(3),))
-    raise BadRequest(f"unable to parse requirement: found {part!r} in selector {whole!r}")
+def _lex(text: str) -> list[tuple[str, str]]:
+    """(kind, literal) tokens: kind is "id", "end", or the symbol/keyword itself."""
+    tokens: list[tuple[str, str]] = []
+    i = 0
+    while True:
+        while i < len(text) and text[i] in " \t\r\n":
+            i += 1
+        if i == len(text):
+            tokens.append(_END)
+            return tokens
+        if text[i] in _SPECIAL:
+            symbol = next((sym for sym in _SYMBOLS if text.startswith(sym, i)), None)
+            if symbol is None:
+                raise BadRequest(f"unable to parse requirement: found {text[i]!r}")
+            tokens.append((symbol, symbol))
+            i += len(symbol)
+            continue
+        start = i
+        while i < len(text) and text[i] not in _SPECIAL and text[i] not in " \t\r\n":
+            i += 1
+        word = text[start:i]
+        tokens.append((word if word in ("in", "notin") else "id", word))
+
+
+class _LabelParser:
+    def __init__(self, text: str) -> None:
+        self.tokens = _lex(text)
+        self.at = 0
+
+    def peek(self, values: bool = True) -> tuple[str, str]:
+        kind, literal = self.tokens[self.at]
+        # "in" and "notin" are ordinary identifiers where a key or value is expected.
+        return ("id", literal) if values and kind in ("in", "notin") else (kind, literal)
+
+    def take(self, values: bool = True) -> tuple[str, str]:
+        token = self.peek(values)
+        self.at += 1
+        return token
+
+    def parse(self) -> list[Requirement]:
+        requirements: list[Requirement] = []
+        while True:
+            kind, literal = self.peek()
+            if kind == "end":
+                return requirements
+            if kind not in ("id", "!"):
+                raise BadRequest(f"found '{literal}', expected: !, identifier, or 'end of string'")
+            try:
+                requirements.append(self.requirement())
+            except BadRequest as error:
+                raise BadRequest(f"unable to parse requirement: {error.message}") from None
+            kind, literal = self.take()
+            if kind == "end":
+                return requirements
+            if kind != ",":
+                raise BadRequest(f"found '{literal}', expected: ',' or 'end of string'")
+            kind, literal = self.peek()
+            if kind not in ("id", "!"):
+                raise BadRequest(f"found '{literal}', expected: identifier after ','")
+
+    def requirement(self) -> Requirement:
+        negated = self.peek()[0] == "!"
+        if negated:
+            self.take()
+        kind, key = self.take()
+        if kind != "id":
+            raise BadRequest(f"found '{key}', expected: identifier")
+        _check_key(key)
+        if self.peek()[0] in ("end", ","):
+            return Requirement(key, "!exists" if negated else "exists")
+        kind, literal = self.take(values=False)
+        if negated or kind not in _OPS:
+            raise BadRequest(f"found '{literal}', expected: in, notin, =, ==, !=, gt, lt")
+        op = _OPS[kind]
+        values = self.value_set() if op in ("in", "notin") else (self.exact_value(),)
+        if op in ("gt", "lt") and not _INT64.fullmatch(values[0]):
+            raise BadRequest(f"values[0]: Invalid value: {values[0]!r}: must be an integer")
+        for value in values:
+            if len(value) > 63 or not _NAME.fullmatch(value):
+                raise BadRequest(f"values[0][{key}]: Invalid value: {value!r}: not a label value")
+        return Requirement(key, op, values)
+
+    def exact_value(self) -> str:
+        if self.peek()[0] in ("end", ","):
+            return ""
+        kind, literal = self.take()
+        if kind != "id":
+            raise BadRequest(f"found '{literal}', expected: identifier")
+        return literal
+
+    def value_set(self) -> tuple[str, ...]:
+        kind, literal = self.take()
+        if kind != "(":
+            raise BadRequest(f"found '{literal}' expected: '('")
+        values: set[str] = set()
+        expect_value = True
+        while True:
+            kind, literal = self.take()
+            if kind == ")":
+                if expect_value:
+                    values.add("")  # "()" and "(a,)" hold the empty value
+                return tuple(sorted(values))
+            if kind == ",":
+                if expect_value:
+                    values.add("")
+                expect_value = True
+                continue
+            if kind != "id" or not expect_value:
+                raise BadRequest(f"found '{literal}', expected: ',', ')' or identifier")
+            values.add(literal)
+            expect_value = False
+
+
+def _check_key(key: str) -> None:
+    prefix, slash, name = key.rpartition("/")
+    if slash and (not prefix or len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix)):
+        raise BadRequest(f"key: Invalid value: {key!r}: prefix must be a DNS subdomain")
+    if not name or len(name) > 63 or not _NAME.fullmatch(name) or "/" in prefix:
+        raise BadRequest(f"key: Invalid value: {key!r}: name part must be a qualified name")
 
 
 @dataclass(frozen=True)
@@ -127,17 +231,22 @@ class FieldSelector:
 
     @classmethod
     def parse(cls, text: str | None, supported: tuple[str, ...] = ()) -> FieldSelector:
-        if not text or not text.strip():
+        r"""apimachinery fields.ParseSelector: terms split at unescaped commas, no trimming,
+        ``\\``, ``\,`` and ``\=`` the only escapes in values; then the resource's labels."""
+        if not text:
             return cls()
         allowed = set(_BASE_FIELDS) | set(supported)
         reqs: list[FieldRequirement] = []
-        for part in text.split(","):
-            m = re.match(r"^\s*([A-Za-z0-9_.]+)\s*(==|!=|=)\s*(.*?)\s*$", part)
+        for part in _split_terms(text):
+            if part == "":
+                continue
+            m = re.match(r"^(.*?)(!=|==|=)(.*)$", part, re.DOTALL)
             if m is None:
-                raise BadRequest(f"invalid selector: {text!r}; can't understand {part!r}")
+                raise BadRequest(f"invalid selector: '{text}'; can't understand '{part}'")
+            value = _unescape(m.group(3))
             if m.group(1) not in allowed:
                 raise BadRequest(f"field label not supported: {m.group(1)}")
-            reqs.append(FieldRequirement(m.group(1), m.group(2) != "!=", m.group(3)))
+            reqs.append(FieldRequirement(m.group(1), m.group(2) != "!=", value))
         return cls(tuple(reqs))
 
     def matches(self, obj: Mapping[str, Any]) -> bool:
@@ -149,6 +258,41 @@ class FieldSelector:
             if r.field == "metadata.name" and r.equal:
                 return r.value
         return None
+
+
+def _split_terms(text: str) -> list[str]:
+    terms: list[str] = []
+    current: list[str] = []
+    escaped = False
+    for ch in text:
+        if ch == "," and not escaped:
+            terms.append("".join(current))
+            current = []
+        else:
+            current.append(ch)
+        escaped = ch == "\\" and not escaped
+    terms.append("".join(current))
+    return terms
+
+
+def _unescape(raw: str) -> str:
+    out: list[str] = []
+    escaped = False
+    for ch in raw:
+        if escaped:
+            if ch not in "\\,=":
+                raise BadRequest(f"invalid field selector: invalid escape sequence: \\{ch}")
+            out.append(ch)
+            escaped = False
+        elif ch == "\\":
+            escaped = True
+        elif ch in ",=":
+            raise BadRequest(f"invalid field selector: unescaped character in value: {ord(ch)}")
+        else:
+            out.append(ch)
+    if escaped:
+        raise BadRequest("invalid field selector: invalid escape sequence: \\")
+    return "".join(out)
 
 
 @dataclass(frozen=True)

@@ -14,18 +14,15 @@ from typing import Any
 from aiohttp import web
 
 from .context import CUT, OpenStream, ServerContext
-from .errors import Expired, Invalid
+from .errors import Expired
 from .listing import parse_rv
+from .options import ListOptions
 from .resources import ResourceType
 from .selectors import Filter
 from .store import Change, Obj
 from .table import METADATA, TABLE, Representation, partial_metadata, to_table
 
 INITIAL_EVENTS_END = "k8s.io/initial-events-end"
-
-
-def _bool(value: str | None) -> bool:
-    return value in ("true", "1", "True")
 
 
 @dataclass(frozen=True)
@@ -36,43 +33,16 @@ class WatchOptions:
     timeout: float | None
 
     @classmethod
-    def parse(cls, query: Mapping[str, str]) -> WatchOptions:
-        """Validate as the apiserver's ValidateListOptions does for watches (422 Invalid)."""
-        sie_raw = query.get("sendInitialEvents")
-        sie = None if sie_raw is None else _bool(sie_raw)
-        match = query.get("resourceVersionMatch") or ""
-        allow = _bool(query.get("allowWatchBookmarks"))
-        problems = []
-        if sie is not None:
-            if match != "NotOlderThan":
-                problems.append(
-                    "resourceVersionMatch: Forbidden: sendInitialEvents requires setting "
-                    "resourceVersionMatch to NotOlderThan"
-                )
-            if sie and not allow:
-                problems.append(
-                    "allowWatchBookmarks: Forbidden: allowWatchBookmarks must be set to true "
-                    "when sendInitialEvents is true"
-                )
-        elif match:
-            problems.append(
-                "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden for watch "
-                "unless sendInitialEvents is provided"
-            )
-        if problems:
-            raise Invalid(
-                'ListOptions.meta.k8s.io "" is invalid: ' + ", ".join(problems),
-                group="meta.k8s.io",
-                kind="ListOptions",
-            )
-        timeout_raw = query.get("timeoutSeconds")
-        timeout = None
-        if timeout_raw:
-            try:
-                timeout = float(int(timeout_raw))
-            except ValueError:
-                raise Invalid(f'timeoutSeconds: Invalid value: "{timeout_raw}"') from None
-        return cls(parse_rv(query.get("resourceVersion")), sie, allow, timeout)
+    def of(cls, options: ListOptions) -> WatchOptions:
+        """From decoded and validated ListOptions; timeoutSeconds 0 (or absent) is the server's
+        choice, a negative one ends the watch at once."""
+        seconds = options.timeout_seconds
+        return cls(
+            parse_rv(options.resource_version),
+            options.send_initial_events,
+            options.allow_watch_bookmarks,
+            None if not seconds else float(seconds),
+        )
 
 
 def _with_rv(obj: Obj, rv: int) -> Obj:
@@ -164,8 +134,9 @@ async def serve_watch(
     rep: Representation,
     include_object: str,
     headers: Mapping[str, str],
+    options: ListOptions,
 ) -> web.StreamResponse:
-    opts = WatchOptions.parse(request.query)
+    opts = WatchOptions.of(options)
     stream = OpenStream(request.transport, watch=True)
     overflow = False
 

@@ -204,7 +204,8 @@ class Proxy:
         if guard is not None:
             guard.inner_factory = status_server_factory(runner.server, self.metrics)
             factory = guard
-        server = await asyncio.get_running_loop().create_server(factory, sock=sock)
+        # create_server listens again, with its own backlog (100) unless told: keep ours.
+        server = await asyncio.get_running_loop().create_server(factory, sock=sock, backlog=512)
         self._servers.append(server)
         bound: int = sock.getsockname()[1]
         return bound

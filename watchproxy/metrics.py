@@ -112,6 +112,20 @@ class Metrics:
             "watchproxy_client_connections",
             "Open client TCP connections on the API port.",
         )
+        self.connections = add(
+            Gauge,
+            "watchproxy_client_connections_by_state",
+            "Open client connections on the API port by state: head (no whole request yet), "
+            "idle (keep-alive) or active (serving a request or a stream).",
+            ["state"],
+        )
+        self.connections_shed = add(
+            Counter,
+            "watchproxy_client_connections_shed",
+            "Client connections closed at the connection cap to make room for a new one, by "
+            "state (idle first, then head, oldest first; active ones never).",
+            ["state"],
+        )
         # Upstream side.
         self.upstream_requests = add(
             Counter,

@@ -66,6 +66,10 @@ VALID: list[tuple[str, dict[str, Any]]] = [
         {"name": "p:8080", "subresource": "proxy", "tail": ("metrics", "x")},
     ),
     (
+        "/api/v1/namespaces/foo/pods/p:8080/proxy/metrics/",
+        {"subresource": "proxy", "tail": ("metrics", ""), "trailing_slash": True},
+    ),
+    (
         "/apis/apps/v1/deployments",
         {"kind": "group", "group": "apps", "version": "v1", "resource": "deployments"},
     ),
@@ -107,6 +111,35 @@ VALID: list[tuple[str, dict[str, Any]]] = [
     ("/api/v1/namespaces/..foo", {"resource": "namespaces", "name": "..foo"}),
     ("/api/v1/namespaces/%2e.x", {"resource": "namespaces", "name": "..x"}),
     ("/api/v1/namespaces/caf%C3%A9", {"resource": "namespaces", "name": "café"}),
+    # A trailing slash: the apiserver serves these exactly as without it (checked against
+    # kube-apiserver v1.34); the path is forwarded as sent.
+    ("/version/", {"kind": "other", "trailing_slash": True}),
+    ("/healthz/", {"kind": "other", "trailing_slash": True}),
+    ("/api/", {"kind": "discovery", "version": "", "trailing_slash": True}),
+    ("/apis/", {"kind": "discovery", "group": "", "trailing_slash": True}),
+    ("/api/v1/", {"kind": "discovery", "version": "v1", "trailing_slash": True}),
+    ("/apis/apps/", {"kind": "discovery", "group": "apps", "version": ""}),
+    ("/apis/apps/v1/", {"kind": "discovery", "group": "apps", "version": "v1"}),
+    (
+        "/api/v1/namespaces/default/pods/",
+        {"namespace": "default", "resource": "pods", "name": None, "trailing_slash": True},
+    ),
+    ("/api/v1/pods/", {"resource": "pods", "namespace": None, "name": None}),
+    ("/api/v1/namespaces/", {"resource": "namespaces", "namespace": None, "name": None}),
+    ("/api/v1/namespaces/default/", {"resource": "namespaces", "name": "default"}),
+    (
+        "/api/v1/namespaces/foo/pods/p/log/",
+        {"namespace": "foo", "name": "p", "subresource": "log", "tail": ()},
+    ),
+    (
+        "/api/v1/watch/namespaces/foo/pods/",
+        {"namespace": "foo", "resource": "pods", "legacy_watch": True, "name": None},
+    ),
+    (
+        "/apis/apps/v1/namespaces/ns/deployments/",
+        {"kind": "group", "namespace": "ns", "resource": "deployments", "name": None},
+    ),
+    ("/api/v1/pods", {"resource": "pods", "trailing_slash": False}),
 ]
 
 
@@ -133,13 +166,14 @@ INVALID = [
     "/api/v1/%2e/pods",
     "/api//v1/pods",
     "//api/v1/pods",
-    "/api/v1/pods/",
     "/api/v1/namespaces//pods",
-    "/api/",
-    "/apis/",
-    "/apis/apps/",
-    "/apis/apps/v1/",
-    "/version/",
+    # One trailing slash is what the apiserver serves; two are an empty segment in the middle.
+    "/api//",
+    "/api/v1//",
+    "/apis//",
+    "/version//",
+    "/api/v1/namespaces/default/pods//",
+    "/api/v1/namespaces/default/pods/p//",
     "/api/v1/namespaces/foo%2fbar/pods",
     "/api/v1/namespaces/foo%2Fbar/pods",
     "/api/v1/namespaces/foo%5cbar/pods",
@@ -160,8 +194,9 @@ INVALID = [
     "/api/v1/namespaces/café/pods",
     "/api/v1/pods?watch=true",
     "/api/v1/pods#frag",
-    "/api/v1/namespaces/foo/pods/p/log/",
     "/api/v1/namespaces/foo/pods/p:80/proxy//x",
+    "/api/v1/namespaces/foo/pods/p:80/proxy//",
+    "/api/v1/namespaces/foo/pods/p:80/proxy/x//",
     "/api/v1/namespaces/foo/pods/p:80/proxy/../../../secrets",
     "/api/v1/namespaces/foo/pods/p:80/proxy/a%2f..%2f..",
 ]
@@ -252,7 +287,8 @@ def test_inserting_a_traversal_segment_anywhere_is_refused(
     case: tuple[str, ApiPath], where: int, dots: str
 ) -> None:
     segments = case[0].split("/")
-    index = 1 + where % len(segments)
+    # An empty segment inserted last is a trailing slash, which the apiserver serves.
+    index = 1 + where % (len(segments) - 1 if dots == "" else len(segments))
     segments.insert(index, dots)
     with pytest.raises(BadRequest):
         parse_api_path("/".join(segments))

@@ -23,6 +23,7 @@ from watchproxy.policy.ratelimit import (
     RetryAfterGate,
     TokenBucket,
     UpstreamLimiter,
+    flow,
     parse_retry_after,
 )
 
@@ -405,6 +406,106 @@ async def test_concurrency_wait_is_bounded_by_max_wait() -> None:
             pass
     release.set()
     await task
+
+
+# --- fair shares between flows (clients) ------------------------------------------------------
+
+
+async def test_a_noisy_flow_cannot_starve_a_quiet_one() -> None:
+    time = VirtualTime()
+    limiter = limiter_with(time, qps=10.0, burst=1)
+    entered: dict[str, list[float]] = {"noisy": [], "quiet": []}
+
+    async def request(who: str, delay: float = 0.0) -> None:
+        with flow(who):
+            if delay:
+                await time.sleep(delay)
+            async with limiter.slot():
+                entered[who].append(time.now)
+
+    await time.run(*(request("noisy") for _ in range(50)), request("quiet", delay=0.05))
+    assert len(entered["noisy"]) == 50
+    # The quiet request takes the next token but one, not a place behind 49 noisy ones (5 s).
+    assert entered["quiet"][0] <= 0.2 + 1e-9
+    # Work-conserving: the noisy flow still got every other token.
+    assert max(entered["noisy"]) == pytest.approx(5.0)
+
+
+async def test_waiting_flows_take_tokens_in_turn() -> None:
+    time = VirtualTime()
+    limiter = limiter_with(time, qps=1.0, burst=1)
+    order: list[str] = []
+
+    async def request(who: str) -> None:
+        with flow(who):
+            async with limiter.slot():
+                order.append(who)
+
+    await time.run(*(request(who) for who in "aaaabbc"))
+    assert order == list("abcabaa")
+    assert limiter.waiting_flows == 0  # nothing kept about flows once nobody waits
+
+
+async def test_one_flow_alone_keeps_the_whole_budget_in_arrival_order() -> None:
+    time = VirtualTime()
+    limiter = limiter_with(time, qps=2.0, burst=2)
+    entered: list[tuple[int, float]] = []
+
+    async def request(number: int) -> None:
+        with flow("only"):
+            async with limiter.slot():
+                entered.append((number, time.now))
+
+    await time.run(*(request(n) for n in range(6)))
+    assert entered == [(0, 0.0), (1, 0.0), (2, 0.5), (3, 1.0), (4, 1.5), (5, 2.0)]
+
+
+async def test_max_wait_refuses_the_noisy_flow_not_the_quiet_one() -> None:
+    time = VirtualTime()
+    limiter = limiter_with(time, qps=10.0, burst=1, max_wait=1.0)
+    outcomes: dict[str, list[str]] = {"noisy": [], "quiet": []}
+
+    async def request(who: str, delay: float = 0.0) -> None:
+        with flow(who):
+            if delay:
+                await time.sleep(delay)
+            try:
+                async with limiter.slot():
+                    outcomes[who].append("ok")
+            except TooManyRequests:
+                outcomes[who].append("429")
+
+    await time.run(*(request("noisy") for _ in range(30)), request("quiet", delay=0.05))
+    assert outcomes["quiet"] == ["ok"]
+    assert 0 < outcomes["noisy"].count("429") < 30
+    assert outcomes["noisy"].count("ok") <= 12  # about max_wait x qps, plus the burst
+
+
+async def test_a_freed_concurrency_slot_goes_to_the_flow_with_fewer_turns() -> None:
+    limiter = UpstreamLimiter(qps=0.0, burst=1, max_concurrent=2)
+    release = asyncio.Event()
+    order: list[str] = []
+
+    async def request(who: str, hold: bool = False) -> None:
+        with flow(who):
+            async with limiter.slot():
+                order.append(who)
+                if hold:
+                    await release.wait()
+
+    async with asyncio.TaskGroup() as group:
+        for _ in range(2):
+            group.create_task(request("noisy", hold=True))
+        for _ in range(3):
+            group.create_task(request("noisy"))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        group.create_task(request("quiet"))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        release.set()
+    assert order[:2] == ["noisy", "noisy"]
+    assert order[2] == "quiet", order
 
 
 def test_retry_after_is_capped_and_nan_ignored() -> None:

@@ -44,6 +44,9 @@ VALID: list[tuple[dict[str, str], dict[str, Any]]] = [
     ({"timeoutSeconds": "0"}, {"timeout_seconds": 0}),
     ({"timeoutSeconds": "300"}, {"timeout_seconds": 300}),
     ({"timeoutSeconds": "+5"}, {"timeout_seconds": 5}),
+    # Valid for the apiserver: a list ignores it, a watch ends at once (kube-apiserver v1.34).
+    ({"timeoutSeconds": "-1"}, {"timeout_seconds": -1}),
+    ({"watch": "1", "resourceVersion": "7", "continue": "x"}, {"continue_token": "x"}),
     ({"limit": "500", "continue": "abc"}, {"limit": 500, "continue_token": "abc"}),
     ({"labelSelector": "c!=d, a==b"}, {"label_selector_canonical": "a=b,c!=d"}),
     ({"fieldSelector": "metadata.name==x"}, {"field_selector_canonical": "metadata.name=x"}),
@@ -87,7 +90,6 @@ BAD_VALUES = [
     {"resourceVersion": " 1"},
     {"resourceVersion": str(2**64)},
     {"resourceVersion": "١٢"},
-    {"timeoutSeconds": "-1"},
     {"timeoutSeconds": "abc"},
     {"timeoutSeconds": "1.5"},
     {"timeoutSeconds": ""},
@@ -104,6 +106,8 @@ def test_undecodable_values_are_400(query: dict[str, str]) -> None:
         parse_watch_query(query)
     assert caught.value.code == 400
     assert not isinstance(caught.value, InvalidListOptions)
+    [name] = query
+    assert name in caught.value.message  # the client is told which parameter it was
 
 
 FORBIDDEN: list[tuple[dict[str, str], str]] = [
@@ -122,6 +126,9 @@ FORBIDDEN: list[tuple[dict[str, str], str]] = [
         "forbidden when continue is provided",
     ),
     ({"sendInitialEvents": "true"}, "sendInitialEvents is forbidden for list"),
+    # The WatchList defaults make a watch from "now" one with initial events and NotOlderThan.
+    ({"watch": "1", "continue": "x"}, "forbidden when continue is provided"),
+    ({"watch": "1", "resourceVersion": "0", "continue": "x"}, "forbidden when continue"),
     (
         {"watch": "1", "sendInitialEvents": "true"},
         "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
@@ -247,4 +254,4 @@ def test_any_query_either_decodes_or_is_a_bad_request(query: dict[str, str]) -> 
         return
     assert set(parsed.unknown) <= set(query)
     assert parsed.resource_version_match in ("", "NotOlderThan", "Exact")
-    assert parsed.timeout_seconds is None or parsed.timeout_seconds >= 0
+    assert parsed.timeout_seconds is None or -(2**63) <= parsed.timeout_seconds < 2**63

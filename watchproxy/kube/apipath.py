@@ -3,10 +3,16 @@
 The proxy refuses non-canonical paths instead of normalising them: a path that two parsers could
 read differently (``..``, ``%2F``, ``//``, a backslash) is how a request aimed at one resource
 reaches another. What passes the check is forwarded byte for byte, as :attr:`ApiPath.raw`.
+
+One trailing slash is not ambiguous: kube-apiserver serves ``/version/``, ``/api/``,
+``/apis/apps/v1/``, ``/api/v1/namespaces/default/pods/`` and ``.../pods/p/`` exactly as without
+it (checked against v1.34), and some clients ask for ``/version/`` when they connect. Such a path
+is classified as if the slash were absent and still forwarded as sent.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Literal
@@ -35,8 +41,9 @@ class ApiPath:
     ``/apis``, ``/apis/{g}`` and ``/apis/{g}/{v}``, and ``"other"`` for everything else
     (``/version``, ``/openapi/...``, ``/healthz``, ``/``...). ``namespace`` is None for
     cluster-scoped requests, including those on the ``namespaces`` resource itself.
-    ``tail`` holds the segments after a subresource (``.../pods/p/proxy/a/b``), where a trailing
-    slash (a final empty segment) is allowed because proxied backends tell it apart.
+    ``tail`` holds the segments after a subresource (``.../pods/p/proxy/a/b``); there a trailing
+    slash is kept as a final empty segment, because proxied backends tell it apart.
+    ``trailing_slash`` is True when ``raw`` ends with one ``/`` after a non-empty segment.
     """
 
     raw: str
@@ -49,6 +56,7 @@ class ApiPath:
     subresource: str | None = None
     legacy_watch: bool = False
     tail: tuple[str, ...] = ()
+    trailing_slash: bool = False
 
     @property
     def is_collection(self) -> bool:
@@ -60,10 +68,10 @@ def parse_api_path(raw_path: str) -> ApiPath:
     """Check ``raw_path`` (as received, before percent-decoding) and classify it.
 
     Raises :class:`~watchproxy.errors.BadRequest` for anything non-canonical: a relative or empty
-    path, ``.``/``..`` segments (also as ``%2e``), empty segments, encoded ``/`` or ``\\``, an
-    encoded ``%``, control characters, characters outside RFC 3986 ``pchar``, malformed
-    escapes or escapes that are not UTF-8. A query string (from ``?``) is not part of the path:
-    pass the path alone.
+    path, ``.``/``..`` segments (also as ``%2e``), empty segments other than one trailing slash,
+    encoded ``/`` or ``\\``, an encoded ``%``, control characters, characters outside RFC 3986
+    ``pchar``, malformed escapes or escapes that are not UTF-8. A query string (from ``?``) is
+    not part of the path: pass the path alone.
     """
     if not raw_path.startswith("/"):
         raise _invalid(raw_path, "must start with '/'")
@@ -71,6 +79,15 @@ def parse_api_path(raw_path: str) -> ApiPath:
         return ApiPath(raw=raw_path, kind="other")
     raw_segments = raw_path[1:].split("/")
     segments = [_decode_segment(raw_path, segment) for segment in raw_segments]
+    if len(segments) >= 2 and segments[-1] == "":
+        # The apiserver serves "x/" as "x"; a second slash ("x//") stays an empty segment.
+        parsed = _classify(raw_path, segments[:-1])
+        tail = (*parsed.tail, "") if parsed.subresource == "proxy" else parsed.tail
+        return dataclasses.replace(parsed, trailing_slash=True, tail=tail)
+    return _classify(raw_path, segments)
+
+
+def _classify(raw_path: str, segments: list[str]) -> ApiPath:
     # Empty segments are only meaningful inside a proxied tail; the resource layout decides.
     if segments[0] == "api":
         return _parse_resource_path(raw_path, "core", "", segments[1:])
@@ -117,10 +134,8 @@ def _parse_resource_path(
     fixed, tail = rest[:3], tuple(rest[3:])
     _require_nonempty(raw_path, fixed)
     subresource = fixed[2] if len(fixed) >= 3 else None
-    if tail:
-        # A trailing slash matters to proxied backends; everything else must be non-empty.
-        inner = tail[:-1] if subresource == "proxy" else tail
-        _require_nonempty(raw_path, list(inner))
+    # A trailing slash was taken off by the caller; every segment left must be non-empty.
+    _require_nonempty(raw_path, list(tail))
     return ApiPath(
         raw=raw_path,
         kind=kind,

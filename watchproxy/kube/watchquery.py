@@ -10,9 +10,9 @@ wrongly.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from watchproxy.errors import BadRequest
 from watchproxy.kube.selectors import (
@@ -23,6 +23,7 @@ from watchproxy.kube.selectors import (
 )
 
 ResourceVersionMatch = Literal["", "NotOlderThan", "Exact"]
+_Selector = TypeVar("_Selector", LabelSelector, FieldSelector)
 IncludeObject = Literal["None", "Object", "Metadata"]
 
 _UINT64_MAX = 2**64 - 1
@@ -160,8 +161,8 @@ def parse_watch_query(
         timeout_seconds=_timeout_seconds(_first(query, "timeoutSeconds")),
         allow_watch_bookmarks=_apiserver_bool(_first(query, "allowWatchBookmarks"), default=False),
         send_initial_events=_optional_apiserver_bool(_first(query, "sendInitialEvents")),
-        label_selector=parse_label_selector(_first(query, "labelSelector") or ""),
-        field_selector=parse_field_selector(_first(query, "fieldSelector") or ""),
+        label_selector=_selector("labelSelector", parse_label_selector, query),
+        field_selector=_selector("fieldSelector", parse_field_selector, query),
         limit=_int64("limit", _first(query, "limit")),
         continue_token=_first(query, "continue"),
         include_object=include,
@@ -175,6 +176,14 @@ def parse_watch_query(
 
 def _first(query: Mapping[str, str], name: str) -> str | None:
     return query.get(name)  # a multidict gives the first value, as the apiserver takes
+
+
+def _selector(name: str, parse: Callable[[str], _Selector], query: Mapping[str, str]) -> _Selector:
+    try:
+        return parse(_first(query, name) or "")
+    except BadRequest as error:
+        # The apiserver's text does not say which selector it is; the client should see it.
+        raise BadRequest(f"invalid {name}: {error.message}") from None
 
 
 def _apiserver_bool(value: str | None, *, default: bool) -> bool:
@@ -208,10 +217,8 @@ def _resource_version(value: str | None) -> str | None:
 
 
 def _timeout_seconds(value: str | None) -> int | None:
-    number = _int64("timeoutSeconds", value)
-    if number is not None and number < 0:
-        raise BadRequest(f"invalid timeoutSeconds {_shown(value)}: must not be negative")
-    return number
+    # A negative value is valid for the apiserver: a list ignores it, a watch ends at once.
+    return _int64("timeoutSeconds", value)
 
 
 def _int64(name: str, value: str | None) -> int | None:
@@ -232,6 +239,12 @@ def _validate(q: WatchQuery, require_bookmarks_for_initial_events: bool) -> None
     """apiserver ``ValidateListOptions`` (WatchList enabled), same checks in the same order."""
     causes: list[tuple[str, str, str]] = []
     match = q.resource_version_match
+    send_initial_events = q.send_initial_events
+    from_now = q.resource_version in (None, "", "0")
+    if q.watch and send_initial_events is None and not match and from_now:
+        # apimachinery SetListOptionsDefaults (WatchList on): a watch from "now" is validated
+        # as sendInitialEvents=true + NotOlderThan, so "?watch=1&continue=x" is a 422.
+        send_initial_events, match = True, "NotOlderThan"
 
     def forbidden(field_name: str, message: str) -> None:
         causes.append(("FieldValueForbidden", field_name, f"Forbidden: {message}"))
@@ -247,19 +260,20 @@ def _validate(q: WatchQuery, require_bookmarks_for_initial_events: bool) -> None
         )
 
     if q.watch:
-        if q.send_initial_events is not None:
+        if send_initial_events is not None:
             if match != "NotOlderThan":
                 forbidden(
                     "resourceVersionMatch",
                     "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
                 )
-            if require_bookmarks_for_initial_events and not q.allow_watch_bookmarks:
+            explicit = q.send_initial_events is not None
+            if explicit and require_bookmarks_for_initial_events and not q.allow_watch_bookmarks:
                 forbidden(
                     "allowWatchBookmarks",
                     "sendInitialEvents requires setting allowWatchBookmarks to true",
                 )
         if match:
-            if q.send_initial_events is None:
+            if send_initial_events is None:
                 forbidden(
                     "resourceVersionMatch",
                     "resourceVersionMatch is forbidden for watch unless sendInitialEvents "

@@ -1,20 +1,31 @@
 """Rate limiting: pure token arithmetic plus one thin async limiter for upstream requests.
 
-:class:`TokenBucket`, :class:`RetryAfterGate`, :class:`ClientRateLimiter` and
-:func:`parse_retry_after` take the time as an argument and never sleep. :class:`UpstreamLimiter`
-is the only part that awaits; its clock and sleep are injectable for tests.
+:class:`TokenBucket`, :class:`RetryAfterGate`, :class:`ClientRateLimiter`, :class:`FairQueue`
+and :func:`parse_retry_after` take the time as an argument and never sleep.
+:class:`UpstreamLimiter` is the only part that awaits; its clock and sleep are injectable.
+
+Fair shares: the upstream budget (tokens and concurrency slots) is handed out in turn between
+*flows*, the clients the server tells apart (:func:`flow`: per source address, and per
+credential when clients' credentials are forwarded). While nobody waits, anyone takes what is
+there; once requests queue, each waiting flow gets the next token in turn, so a client looping
+on LISTs gets no more than an equal share of the queue while others want some, and all of it
+while they do not.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
+import contextvars
 import enum
+import itertools
 import math
 import re
 import time
-from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
+from collections import Counter, OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterator
+from dataclasses import dataclass, field
 from datetime import UTC
 from email.utils import parsedate_to_datetime
 
@@ -23,6 +34,9 @@ from watchproxy.errors import TooManyRequests
 # An upstream asking for more than this is treated as asking for this: a typo'd or hostile
 # Retry-After must not stall the proxy for hours.
 MAX_RETRY_AFTER = 600.0
+
+# Below this a wait for the next token is rounding, not rate limiting.
+_TOKEN_SLACK = 1e-6
 
 _SECONDS_RE = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)", re.ASCII)
 
@@ -148,15 +162,112 @@ class _Default(enum.Enum):
     MAX_WAIT = enum.auto()
 
 
+# Who the current request is for: set by the server around the work it does for one client, read
+# by the limiter wherever that work reaches the upstream (no signature in between needs to know).
+_FLOW: contextvars.ContextVar[Hashable] = contextvars.ContextVar("watchproxy_flow", default=None)
+
+
+@contextlib.contextmanager
+def flow(key: Hashable) -> Iterator[None]:
+    """Charge upstream requests made inside the block to ``key`` (None: the proxy's own work)."""
+    token = _FLOW.set(key)
+    try:
+        yield
+    finally:
+        _FLOW.reset(token)
+
+
+@dataclass(order=True)
+class _Turn:
+    start: int
+    sequence: int
+    key: Hashable = field(compare=False)
+    wake: asyncio.Future[None] | None = field(default=None, compare=False)
+
+
+class FairQueue:
+    """Start-time fair queueing of requests between flows, one unit of work per request.
+
+    Guarantees: requests are ordered by (start tag, arrival); a flow's tag is the later of the
+    virtual time and the finish tag of its previous request, so while flows wait, each gets one
+    turn per round whatever the length of its backlog, and a newly arriving flow queues behind
+    at most one request of each other flow. Memory is bounded by the waiting requests plus
+    ``max_flows`` remembered finish tags (least recently used forgotten first, which at worst
+    gives a flow one turn early).
+    """
+
+    def __init__(self, max_flows: int = 10_000) -> None:
+        self.max_flows = max_flows
+        self._virtual = 0
+        self._finish: OrderedDict[Hashable, int] = OrderedDict()
+        self._queue: list[_Turn] = []
+        self._waiting: Counter[Hashable] = Counter()
+        self._sequence = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    @property
+    def waiting_flows(self) -> int:
+        return len(self._waiting)
+
+    def ahead_of_new(self, key: Hashable) -> int:
+        """How many queued requests a new request of ``key`` would queue behind."""
+        start = max(self._virtual, self._finish.get(key, self._virtual))
+        return bisect.bisect_right(self._queue, start, key=lambda turn: turn.start)
+
+    def join(self, key: Hashable) -> _Turn:
+        start = max(self._virtual, self._finish.get(key, self._virtual))
+        self._finish[key] = start + 1
+        self._finish.move_to_end(key)
+        while len(self._finish) > self.max_flows:
+            self._finish.popitem(last=False)
+        turn = _Turn(start, next(self._sequence), key)
+        bisect.insort(self._queue, turn)
+        self._waiting[key] += 1
+        return turn
+
+    def is_first(self, turn: _Turn) -> bool:
+        return bool(self._queue) and self._queue[0] is turn
+
+    def leave(self, turn: _Turn, *, served: bool) -> None:
+        """``turn`` is done waiting: served (virtual time moves to its tag) or given up."""
+        index = bisect.bisect_left(self._queue, turn)
+        while self._queue[index] is not turn:
+            index += 1
+        del self._queue[index]
+        self._waiting[turn.key] -= 1
+        if not self._waiting[turn.key]:
+            del self._waiting[turn.key]
+        if served:
+            self._virtual = max(self._virtual, turn.start)
+            # Finish tags at or behind virtual time say nothing: forget them.
+            while self._finish:
+                oldest_key, finish = next(iter(self._finish.items()))
+                if finish > self._virtual or oldest_key in self._waiting:
+                    break
+                del self._finish[oldest_key]
+        self.wake_first()
+
+    def wake_first(self) -> None:
+        """Tell the first waiter to look again (a slot or a place at the front came free)."""
+        if self._queue:
+            wake = self._queue[0].wake
+            if wake is not None and not wake.done():
+                wake.set_result(None)
+
+
 class UpstreamLimiter:
     """Admission to the upstream apiserver: Retry-After gate, token bucket, concurrency cap.
 
     ``async with limiter.slot(): ...`` guarantees, for the body of the block:
 
     - it starts no earlier than the latest Retry-After noted before it started;
-    - requests are admitted at most ``burst + qps * t`` in any ``t`` seconds, first come first
-      served (``qps <= 0`` = unlimited);
-    - at most ``max_concurrent`` bodies run at once (0 = unlimited).
+    - requests are admitted at most ``burst + qps * t`` in any ``t`` seconds (``qps <= 0`` =
+      unlimited);
+    - at most ``max_concurrent`` bodies run at once (0 = unlimited);
+    - tokens and concurrency slots go to waiting requests in :class:`FairQueue` order: first come
+      first served within a flow (:func:`flow`), in turn between flows.
 
     With ``max_wait`` (per call, or the constructor default) a request that would wait longer
     raises :class:`~watchproxy.errors.TooManyRequests` carrying ``retry_after`` instead of
@@ -185,7 +296,8 @@ class UpstreamLimiter:
         self._sleep = sleep
         self._bucket = TokenBucket(qps, burst, clock())
         self._gate = RetryAfterGate()
-        self._semaphore = asyncio.Semaphore(max_concurrent) if max_concurrent > 0 else None
+        self._queue = FairQueue()
+        self._busy = 0
         self.max_concurrent = max_concurrent
         self.default_max_wait = max_wait
         self.in_flight = 0
@@ -205,6 +317,11 @@ class UpstreamLimiter:
         """Seconds until the Retry-After gate opens (0.0 if open)."""
         return self._gate.wait_time(self._clock())
 
+    @property
+    def waiting_flows(self) -> int:
+        """Flows with requests waiting for a token or a concurrency slot."""
+        return self._queue.waiting_flows
+
     @contextlib.asynccontextmanager
     async def slot(
         self, max_wait: float | _Default | None = _Default.MAX_WAIT
@@ -212,28 +329,17 @@ class UpstreamLimiter:
         """Wait for admission, run the block, free the concurrency slot afterwards.
 
         ``max_wait`` defaults to the constructor's; pass None to wait however long it takes.
+        The request is charged to the current :func:`flow`.
         """
         budget = self.default_max_wait if isinstance(max_wait, _Default) else max_wait
         started = self._clock()
         waited = await self._wait_for_gate(started, budget)
-
-        now = self._clock()
-        bucket_wait = self._bucket.time_until(now)
-        if bucket_wait > 0:
-            self._check_budget(started, budget, bucket_wait, "client-side rate limit")
-        reserved_wait = self._bucket.reserve(now)
-        if reserved_wait > 0:
-            waited = True
-            await self._sleep(reserved_wait)
-
-        if self._semaphore is not None:
-            waited = await self._acquire_concurrency(self._semaphore, started, budget) or waited
+        waited = await self._admit(_FLOW.get(), started, budget) or waited
         try:
             # A 429 may have arrived while this request queued: honour it before going out.
             waited = await self._wait_for_gate(started, budget) or waited
         except BaseException:
-            if self._semaphore is not None:
-                self._semaphore.release()
+            self._release()
             raise
 
         if waited:
@@ -244,8 +350,67 @@ class UpstreamLimiter:
             yield
         finally:
             self.in_flight -= 1
-            if self._semaphore is not None:
-                self._semaphore.release()
+            self._release()
+
+    def _has_room(self) -> bool:
+        return self.max_concurrent == 0 or self._busy < self.max_concurrent
+
+    def _release(self) -> None:
+        self._busy -= 1
+        self._queue.wake_first()
+
+    async def _admit(self, key: Hashable, started: float, budget: float | None) -> bool:
+        """Take one token and one concurrency slot, in fair order. True if it had to wait."""
+        if not self._bucket.unlimited:
+            # The tokens this request needs: one for itself and one for each request ahead.
+            needed = self._queue.ahead_of_new(key) + 1 - self._bucket.tokens(self._clock())
+            if needed > 0:
+                self._check_budget(started, budget, needed / self._bucket.rate, "rate limit")
+        if budget is not None and not self._has_room() and budget - (self._clock() - started) <= 0:
+            self._refuse(1.0, "too many concurrent upstream requests")
+        turn = self._queue.join(key)
+        served = False
+        waited = False
+        try:
+            while True:
+                if self._queue.is_first(turn):
+                    now = self._clock()
+                    wait = self._bucket.time_until(now)
+                    if wait <= _TOKEN_SLACK and self._has_room():
+                        # Having slept for the token, it is ours even if float arithmetic left
+                        # it a hair short: reserve it rather than sleep for nothing again.
+                        self._bucket.reserve(now)
+                        self._busy += 1
+                        served = True
+                        return waited
+                    waited = True
+                    if wait > 0:
+                        self._check_budget(started, budget, wait, "client-side rate limit")
+                        await self._sleep(wait)
+                        continue
+                waited = True
+                await self._wait_turn(turn, started, budget)
+        finally:
+            self._queue.leave(turn, served=served)
+
+    async def _wait_turn(self, turn: _Turn, started: float, budget: float | None) -> None:
+        """Until this turn may look again: it became first, or a concurrency slot came free."""
+        turn.wake = asyncio.get_running_loop().create_future()
+        try:
+            if budget is None:
+                await turn.wake
+                return
+            remaining = budget - (self._clock() - started)
+            if remaining <= 0:
+                self._refuse(1.0, "too many concurrent upstream requests")
+            try:
+                # Slots and turns are freed by real requests finishing: a bound on loop time.
+                async with asyncio.timeout(remaining):
+                    await turn.wake
+            except TimeoutError:
+                self._refuse(1.0, "too many requests waiting upstream")
+        finally:
+            turn.wake = None
 
     async def _wait_for_gate(self, started: float, budget: float | None) -> bool:
         waited = False
@@ -254,26 +419,6 @@ class UpstreamLimiter:
             waited = True
             await self._sleep(wait)
         return waited
-
-    async def _acquire_concurrency(
-        self, semaphore: asyncio.Semaphore, started: float, budget: float | None
-    ) -> bool:
-        if not semaphore.locked():
-            await semaphore.acquire()
-            return False
-        if budget is None:
-            await semaphore.acquire()
-            return True
-        remaining = budget - (self._clock() - started)
-        if remaining <= 0:
-            self._refuse(1.0, "too many concurrent upstream requests")
-        try:
-            # Slots are freed by real requests finishing, so this bound is on loop time.
-            async with asyncio.timeout(remaining):
-                await semaphore.acquire()
-        except TimeoutError:
-            self._refuse(1.0, "too many concurrent upstream requests")
-        return True
 
     def _check_budget(self, started: float, budget: float | None, wait: float, why: str) -> None:
         if budget is None:

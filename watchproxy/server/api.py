@@ -6,6 +6,7 @@ Every error is turned into a Kubernetes ``Status`` response here, at the edge.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import time
@@ -25,7 +26,7 @@ from watchproxy.policy.access import (
     ReadOnlyRefused,
     host_allowed,
 )
-from watchproxy.policy.ratelimit import ErroredWatchLimiter
+from watchproxy.policy.ratelimit import ErroredWatchLimiter, flow
 from watchproxy.server.listener import ConnectionGuard
 from watchproxy.server.passthrough import Forwarder
 from watchproxy.server.upgrade import WebSocketRelay
@@ -67,14 +68,27 @@ def status_response(error: ProxyError) -> web.Response:
     return response
 
 
+def reads_list_options(method: str, api_path: ApiPath) -> bool:
+    """Whether the apiserver decodes this request's query as ListOptions (list, watch,
+    deletecollection, the legacy ``/watch/`` paths). Elsewhere it ignores those parameters:
+    ``GET .../configmaps/NAME?watch=1&limit=abc`` is a plain GET, answered 200."""
+    if api_path.resource is None or api_path.subresource is not None:
+        return False
+    if method == "GET":
+        return api_path.is_collection or api_path.legacy_watch
+    return method == "DELETE" and api_path.is_collection and not api_path.legacy_watch
+
+
 def verb_of(method: str, api_path: ApiPath, watch: bool) -> str:
-    """The Kubernetes verb of a request, as the apiserver's audit and metrics name it."""
+    """The Kubernetes verb of a request, as the apiserver's audit and metrics name it.
+
+    ``watch`` is the decoded ``watch`` parameter; it matters only on a collection."""
     if api_path.kind in ("discovery", "other") or api_path.resource is None:
         return "get" if method in ("GET", "HEAD") else method.lower()
     if api_path.subresource in UPGRADE_SUBRESOURCES or api_path.subresource == "proxy":
         return "connect"
     if method in ("GET", "HEAD"):
-        if watch or api_path.legacy_watch:
+        if api_path.legacy_watch or (watch and api_path.is_collection):
             return "watch"
         return "list" if api_path.is_collection else "get"
     if method == "DELETE":
@@ -87,7 +101,8 @@ def refused_verb(request: web.Request) -> str:
     from its path and query when they parse, else from its method alone."""
     try:
         api_path = parse_api_path(request.raw_path.partition("?")[0])
-        watch = api_path.resource is not None and parse_watch_query(request.rel_url.query).watch
+        reads = reads_list_options(request.method, api_path)
+        watch = reads and parse_watch_query(request.rel_url.query).watch
     except ProxyError:
         return _METHOD_VERBS.get(request.method, request.method.lower())
     return verb_of(request.method, api_path, watch)
@@ -192,6 +207,16 @@ class ApiHandler:
             )
         await asyncio.sleep(delay)
 
+    def _flow_of(self, request: web.Request) -> tuple[str, str]:
+        """Who gets a fair share of the upstream budget: one source address (one pod in
+        node-local mode), and one credential when clients' credentials are forwarded. Shared
+        watches are the proxy's own work and are not charged to any client."""
+        credential = ""
+        if self.forwarder.forward_identity:
+            auth = request.headers.get("Authorization", "")
+            credential = hashlib.sha256(auth.encode()).hexdigest()[:16] if auth else ""
+        return request.remote or "", credential
+
     async def _handle(self, request: web.Request) -> tuple[str, web.StreamResponse]:
         if not host_allowed(request.headers.get("Host"), self.allowed_hosts):
             raise HostNotAllowed(f"Host {request.headers.get('Host')!r} is not allowed")
@@ -203,12 +228,15 @@ class ApiHandler:
             log.warning("refused non-canonical path %r from %s", raw_path[:200], request.remote)
             raise
         query: WatchQuery | None = None
-        if api_path.resource is not None:
+        if reads_list_options(request.method, api_path):
             query = parse_watch_query(request.rel_url.query)
         watch = bool(query and query.watch)
         verb = verb_of(request.method, api_path, watch)
         try:
-            self.policy.check(request.method, raw_path)
+            # The apiserver serves "x/" as "x": so must every rule written for "x" apply to it.
+            self.policy.check(
+                request.method, raw_path[:-1] if api_path.trailing_slash else raw_path
+            )
         except (ReadOnlyRefused, PolicyDenied) as refused:
             reason = "read-only" if isinstance(refused, ReadOnlyRefused) else "policy"
             self.metrics.rejected.labels(reason).inc()
@@ -226,7 +254,8 @@ class ApiHandler:
             upgrades = self.metrics.in_flight.labels("stream")
             upgrades.inc()
             try:
-                return verb, await self.relay.relay(request)
+                with flow(self._flow_of(request)):
+                    return verb, await self.relay.relay(request)
             finally:
                 upgrades.dec()
         if verb in ("watch", "list") and self.client_limit is not None:
@@ -242,7 +271,9 @@ class ApiHandler:
             cached = self.hub.serve_list(request, api_path, query)
             if cached is not None:
                 return verb, cached
-        if verb == "watch" and self.hub is not None and query is not None:
+        # A negative timeoutSeconds is valid and ends the watch at once: the apiserver's call.
+        shareable = query is not None and (query.timeout_seconds or 0) >= 0
+        if verb == "watch" and self.hub is not None and query is not None and shareable:
             hub_streams = self.metrics.in_flight.labels("stream")
             hub_streams.inc()
             try:
@@ -255,7 +286,8 @@ class ApiHandler:
         if gauge is not None:
             gauge.inc()
         try:
-            return verb, await self.forwarder.forward(request, verb=verb, streaming=streaming)
+            with flow(self._flow_of(request)):
+                return verb, await self.forwarder.forward(request, verb=verb, streaming=streaming)
         finally:
             if gauge is not None:
                 gauge.dec()

@@ -1,9 +1,18 @@
-"""What aiohttp's server lacks on the API port: a deadline for request headers, a connection cap.
+"""What aiohttp's server lacks on the API port: a deadline for request heads, a connection cap.
 
-Every connection's protocol is wrapped in a :class:`GuardedProtocol`. A request must arrive
-whole (its headers) within ``header_timeout`` of its first byte, or the client gets a 408 Status
-and the connection is closed: a slowloris client cannot hold connections open by trickling
-bytes. Beyond ``max_connections`` open connections, a new one gets a 503 Status and is closed.
+Every connection's protocol is wrapped in a :class:`GuardedProtocol`, which is in one of three
+states: ``head`` (open, no whole request head yet), ``active`` (a request is being served: a
+list, a watch stream, an exec relay) or ``idle`` (keep-alive between requests).
+
+- A connection must deliver a whole request head within ``header_timeout`` of opening, or of its
+  first byte after being idle: a slowloris client cannot hold connections open by trickling
+  bytes, nor by sending nothing at all. One that sent part of a head gets a 408 Status first.
+- At ``max_connections`` a new connection does not get refused while cheaper ones exist: the
+  guard closes the oldest idle keep-alive connection (its client reconnects at the next
+  request), else the oldest unfinished head, and accepts the new one. ``active`` connections
+  are never shed; only when every connection is active does the new one get a 503 Status.
+  An idle-connection flood thus costs the proxy at most ``max_connections`` connections and
+  cannot lock anyone out.
 """
 
 from __future__ import annotations
@@ -12,7 +21,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from http import HTTPStatus
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
@@ -32,8 +41,15 @@ def _status_reply(code: int, phrase: str, reason: str, message: str) -> bytes:
     return head.encode() + body
 
 
+State = Literal["head", "idle", "active"]
+
+
 class ConnectionGuard:
-    """Counts connections and builds the guarded protocol for each new one."""
+    """Counts connections by state, sheds the cheapest at the cap, builds each one's protocol.
+
+    Guarantees: at most ``max_connections`` connections are open once a new one is accepted
+    (0 = no cap); a connection serving a request is never closed by the guard.
+    """
 
     def __init__(
         self,
@@ -49,20 +65,45 @@ class ConnectionGuard:
         self.metrics = metrics
         self.open = 0
         self.by_transport: dict[Any, GuardedProtocol] = {}
+        # Insertion order is age in the state: the first entry is the one to shed first.
+        self._sheddable: dict[State, dict[GuardedProtocol, None]] = {"idle": {}, "head": {}}
+        self._gauges = {state: metrics.connections.labels(state) for state in _STATES}
         metrics.count_client_connections(lambda: self.open)
 
     def __call__(self) -> asyncio.Protocol:
-        if self.max_connections and self.open >= self.max_connections:
+        if self.max_connections and self.open >= self.max_connections and not self._shed_one():
             self.metrics.rejected.labels("connections").inc()
             return _Refuse(
                 _status_reply(
                     503,
                     "Service Unavailable",
                     "ServiceUnavailable",
-                    f"watchproxy serves at most {self.max_connections} connections",
+                    f"watchproxy serves at most {self.max_connections} connections, "
+                    "all of them busy",
                 )
             )
         return GuardedProtocol(self, self.inner_factory())
+
+    def _shed_one(self) -> bool:
+        for state in ("idle", "head"):
+            candidates = self._sheddable[state]
+            if candidates:
+                victim = next(iter(candidates))
+                self.metrics.connections_shed.labels(state).inc()
+                victim.shed()
+                return True
+        return False
+
+    def moved(self, protocol: GuardedProtocol, old: State | None, new: State | None) -> None:
+        """Book-keeping of ``protocol`` leaving state ``old`` for ``new`` (None: not open)."""
+        if old is not None:
+            self._gauges[old].dec()
+            self._sheddable.get(old, {}).pop(protocol, None)
+        if new is not None:
+            self._gauges[new].inc()
+            if new in self._sheddable:
+                self._sheddable[new][protocol] = None
+        self.open += (new is not None) - (old is not None)
 
     def request_started(self, transport: Any) -> None:
         """Called by the handler once a request's headers have been parsed."""
@@ -74,6 +115,9 @@ class ConnectionGuard:
         guarded = self.by_transport.get(transport)
         if guarded is not None:
             guarded.request_finished()
+
+
+_STATES: tuple[State, ...] = ("head", "idle", "active")
 
 
 class StatusRequestHandler(RequestHandler):
@@ -145,35 +189,51 @@ class _Refuse(asyncio.Protocol):
 
 
 class GuardedProtocol(asyncio.Protocol):
-    """Delegates to aiohttp's protocol; adds the header deadline and the connection count."""
+    """Delegates to aiohttp's protocol; adds the head deadline and the state the guard sheds by."""
 
     def __init__(self, guard: ConnectionGuard, inner: asyncio.Protocol) -> None:
         self._guard = guard
         self._inner = inner
         self._transport: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
-        self._in_request = False
+        self._state: State | None = None
+        self._got_bytes = False
+        self._shed = False
+        # Counted from here, not from connection_made: the loop may accept a whole batch of
+        # connections (calling this factory for each) before any of them is "made".
+        self._move("head")
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
+    def _move(self, state: State | None) -> None:
+        if state != self._state:
+            self._guard.moved(self, self._state, state)
+            self._state = state
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)
-        self._guard.open += 1
-        self._guard.by_transport[transport] = self
         self._inner.connection_made(transport)
+        if self._shed:  # shed between accept and now
+            self._transport.close()
+            return
+        self._guard.by_transport[transport] = self
+        self._start_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timer()
-        self._guard.open -= 1
+        self._move(None)
         if self._transport is not None:
             self._guard.by_transport.pop(self._transport, None)
         self._inner.connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if not self._in_request and self._timer is None and self._guard.header_timeout > 0:
-            loop = asyncio.get_running_loop()
-            self._timer = loop.call_later(self._guard.header_timeout, self._too_slow)
+        if self._state == "idle":
+            # The next request on a keep-alive connection: its head has a deadline too.
+            self._move("head")
+            self._got_bytes = False
+            self._start_timer()
+        self._got_bytes = True
         self._inner.data_received(data)
 
     def eof_received(self) -> bool | None:
@@ -186,11 +246,30 @@ class GuardedProtocol(asyncio.Protocol):
         self._inner.resume_writing()
 
     def request_started(self) -> None:
-        self._in_request = True
         self._cancel_timer()
+        if self._state is not None:
+            self._move("active")
 
     def request_finished(self) -> None:
-        self._in_request = False
+        closing = self._transport is None or self._transport.is_closing()
+        if self._state is not None and not closing:
+            self._move("idle")
+
+    def shed(self) -> None:
+        """Close this (idle or unfinished) connection to make room for a new one."""
+        self._cancel_timer()
+        # Out of the books now: the loop reports the loss only later, and the new connection
+        # being accepted must find the room already made.
+        self._move(None)
+        self._shed = True
+        if self._transport is not None:
+            self._transport.close()
+
+    def _start_timer(self) -> None:
+        self._cancel_timer()
+        if self._guard.header_timeout > 0:
+            loop = asyncio.get_running_loop()
+            self._timer = loop.call_later(self._guard.header_timeout, self._too_slow)
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:
@@ -199,15 +278,17 @@ class GuardedProtocol(asyncio.Protocol):
 
     def _too_slow(self) -> None:
         self._timer = None
-        if self._in_request or self._transport is None or self._transport.is_closing():
+        if self._state != "head" or self._transport is None or self._transport.is_closing():
             return
         self._guard.metrics.rejected.labels("header-timeout").inc()
-        self._transport.write(
-            _status_reply(
-                408,
-                "Request Timeout",
-                "Timeout",
-                f"request headers not received within {self._guard.header_timeout:g}s",
+        if self._got_bytes:
+            # Part of a head arrived: say why. A connection that sent nothing just closes.
+            self._transport.write(
+                _status_reply(
+                    408,
+                    "Request Timeout",
+                    "Timeout",
+                    f"request headers not received within {self._guard.header_timeout:g}s",
+                )
             )
-        )
         self._transport.close()
