@@ -480,6 +480,9 @@ async def send_raw(
                     return answer
     finally:
         writer.close()
+        # A TLS connection's shutdown ends later; wait so that no transport outlives the test.
+        with contextlib.suppress(OSError, TimeoutError, ssl.SSLError):
+            await asyncio.wait_for(writer.wait_closed(), 5)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

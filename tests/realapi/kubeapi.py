@@ -104,7 +104,14 @@ class Api:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
+            # Closing a TLS connection mid-stream starts its shutdown; wait for it to end so
+            # that no transport outlives the test (leaks fail the suite).
+            connection = response.connection
+            closed = connection.protocol.closed if connection and connection.protocol else None
             response.close()
+            if closed is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(asyncio.shield(closed), 5)
 
 
 @dataclass

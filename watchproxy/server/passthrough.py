@@ -53,7 +53,7 @@ class Forwarder:
     def close_streams(self) -> None:
         """At shutdown: end every relayed stream; each client sees a clean end of stream."""
         for response in list(self._streams):
-            response.close()
+            self.upstream.cut(response)
 
     async def forward(
         self, request: web.Request, *, verb: str, streaming: bool
@@ -79,7 +79,7 @@ class Forwarder:
             return await self._relay(request, upstream_response, streaming=streaming)
         finally:
             self._streams.discard(upstream_response)
-            upstream_response.close()
+            self.upstream.cut(upstream_response)
 
     async def _relay(
         self, request: web.Request, upstream: aiohttp.ClientResponse, *, streaming: bool

@@ -27,6 +27,9 @@ from watchproxy.upstream.connector import PROBING, SerialConnector, UpstreamDown
 
 log = logging.getLogger("watchproxy.upstream")
 
+# How long close() waits for connections cut mid-response to finish their TLS shutdown.
+CLOSE_WAIT_SECONDS = 2.0
+
 # client-go retries a 503 that carries a Retry-After up to 10 times, sleeping what it says each
 # time, and kubectl's discovery repeats that per attempt: with the prober's own delay (up to
 # backoff.max_seconds) kubectl hung for minutes. So a request that really failed upstream gets
@@ -57,6 +60,8 @@ class Upstream:
         self._clock = clock
         self._session: aiohttp.ClientSession | None = None
         self.connectivity: Connectivity | None = None
+        # Connections closed mid-response whose TLS shutdown is still under way (see close()).
+        self._closing: set[aiohttp.client_proto.ResponseHandler] = set()
 
     async def start(self) -> None:
         connector = SerialConnector(
@@ -81,10 +86,37 @@ class Upstream:
             max_field_size=65536,
         )
 
+    def cut(self, response: aiohttp.ClientResponse) -> None:
+        """Close a response before its end (a watch or stream that is no longer wanted).
+
+        Closing a TLS connection starts the TLS shutdown (close_notify both ways), which ends
+        later, in ``connection_lost``; the session no longer knows the connection, so
+        ``close()`` waits for these itself. Otherwise a transport can outlive the proxy's
+        ``stop()`` (a Go apiserver answers close_notify later than Python's ssl does).
+        """
+        connection = response.connection
+        protocol = connection.protocol if connection is not None else None
+        response.close()
+        if protocol is not None and protocol.transport is not None:
+            self._closing.add(protocol)
+
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
             self._session = None
+        closing, self._closing = self._closing, set()
+        waits = [p.closed for p in closing if p.transport is not None]
+        pending = [w for w in waits if w is not None and not w.done()]
+        if pending:
+            _done, late = await asyncio.wait(pending, timeout=CLOSE_WAIT_SECONDS)
+            if late:  # the peer never finished the TLS shutdown: drop the connections
+                for protocol in closing:
+                    if protocol.transport is not None:
+                        protocol.transport.abort()
+                await asyncio.wait(late, timeout=CLOSE_WAIT_SECONDS)
+        for wait in waits:
+            if wait is not None and wait.done() and not wait.cancelled():
+                wait.exception()  # retrieved: a connection lost with an error is expected here
         self.target.close()
 
     def _with_credential(

@@ -21,8 +21,9 @@ from watchproxy.upstream.client import LineTooLong, Upstream, describe, read_lin
 class _Answer:
     """One upstream response, seen through the hub's ``UpstreamAnswer`` protocol."""
 
-    def __init__(self, response: aiohttp.ClientResponse, max_line: int) -> None:
+    def __init__(self, response: aiohttp.ClientResponse, max_line: int, upstream: Upstream) -> None:
         self._response = response
+        self._upstream = upstream
         self._max_line = max_line
         self._whole = False
 
@@ -76,7 +77,7 @@ class _Answer:
         if self._whole:
             self._response.release()  # read to the end: the connection may serve again
         else:
-            self._response.close()
+            self._upstream.cut(self._response)
 
 
 class UpstreamWatchSource:
@@ -100,4 +101,4 @@ class UpstreamWatchSource:
             wait=True,
             forwarded_auth=forwarded_auth,
         )
-        return _Answer(response, self._config.max_event_bytes)
+        return _Answer(response, self._config.max_event_bytes, self._upstream)
