@@ -163,8 +163,14 @@ async def test_list_rv0_and_new_watches_are_served_from_hub_state_during_outage(
         )
         hub = running.proxy.hub
         assert hub is not None
+        # Known = listed and its WATCH accepted by the apiserver (clients are answered only
+        # then: an account may be allowed to list but not to watch).
         await wait_for(
-            lambda: hub.active_clients == 1 and all(w.cache.synced for w in hub.watches.values())
+            lambda: (
+                hub.active_clients == 1
+                and all(w.cache.synced for w in hub.watches.values())
+                and running.fake.stats.active_watches >= 1
+            )
         )
         await running.fake.faults.outage("refuse")
         await wait_for(lambda: running.proxy.connectivity.down, what="the proxy to notice")
@@ -230,8 +236,14 @@ async def test_bookmarks_continue_at_the_last_rv_during_an_outage(tmp_path: Any)
         hub = running.proxy.hub
         assert hub is not None
         # Synced, not just subscribed: an outage during the first list is another test.
+        # Known = listed and its WATCH accepted by the apiserver (clients are answered only
+        # then: an account may be allowed to list but not to watch).
         await wait_for(
-            lambda: hub.active_clients == 1 and all(w.cache.synced for w in hub.watches.values())
+            lambda: (
+                hub.active_clients == 1
+                and all(w.cache.synced for w in hub.watches.values())
+                and running.fake.stats.active_watches >= 1
+            )
         )
         await running.fake.faults.outage("refuse")
         await wait_for(lambda: running.proxy.connectivity.down, what="the proxy to notice")
