@@ -106,8 +106,9 @@ class ApiHandler:
         self.client_limit = client_limit
         self.watch_errors = watch_errors
         self._clock = clock
-        # Set at shutdown: requests still arriving on open keep-alive connections (clients
-        # re-watching at once) are refused, so nothing new starts upstream after the signal.
+        # Set at shutdown: watches and streams still arriving on open keep-alive connections
+        # (clients re-watching at once) are refused, so nothing new starts upstream after the
+        # signal.
         self.draining = False
 
     async def __call__(self, request: web.Request) -> web.StreamResponse:
@@ -120,8 +121,6 @@ class ApiHandler:
             self.guard.request_started(request.transport)
         response: web.StreamResponse
         try:
-            if self.draining:
-                raise UpstreamUnavailable("watchproxy is shutting down", retry_after=1)
             verb, response = await self._handle(request)
         except ProxyError as error:
             if isinstance(error, HostNotAllowed):
@@ -187,6 +186,12 @@ class ApiHandler:
         watch = bool(query and query.watch)
         verb = verb_of(request.method, api_path, watch)
         self.policy.check(request.method, raw_path)
+        if self.draining and (
+            verb in ("watch", "connect") or is_streaming(verb, api_path, raw_query)
+        ):
+            # Nothing long-lived starts after the signal (no new upstream watch); one-shot
+            # requests are still answered while the upstream is open.
+            raise UpstreamUnavailable("watchproxy is shutting down", retry_after=1)
         if request.headers.get("Upgrade") or api_path.subresource in UPGRADE_SUBRESOURCES:
             if self.relay is None or api_path.subresource not in UPGRADE_SUBRESOURCES:
                 raise BadRequest(f"watchproxy does not relay upgrades on {raw_path}")
