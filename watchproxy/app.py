@@ -212,7 +212,7 @@ class Proxy:
 
     async def stop(self) -> None:
         """Shut down in the order that starts nothing new upstream and loses no client's place:
-        stop accepting (and refuse requests on open connections), end every client stream
+        stop accepting (and refuse new watches on open connections), end every client stream
         cleanly with the hub, then release the upstream; bounded by the shutdown grace."""
         grace = self.config.limits.shutdown_grace_seconds
         if self._handler is not None:
