@@ -75,6 +75,7 @@ class Proxy:
             self.upstream,
             max_body_bytes=config.limits.max_body_bytes,
             forward_identity=config.security.identity == "forward",
+            watch_read_timeout=config.upstream.watch_read_timeout_seconds,
         )
         self.hub: Hub | None = None
         if config.hub.enabled:

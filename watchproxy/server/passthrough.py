@@ -34,8 +34,18 @@ async def read_body(request: web.Request, limit: int) -> bytes | None:
 class Forwarder:
     """Pass-through of everything the hub does not serve itself."""
 
-    def __init__(self, upstream: Upstream, *, max_body_bytes: int, forward_identity: bool) -> None:
+    def __init__(
+        self,
+        upstream: Upstream,
+        *,
+        max_body_bytes: int,
+        forward_identity: bool,
+        watch_read_timeout: float | None = None,
+    ) -> None:
         self.upstream = upstream
+        # A passed-through watch silent this long is ended cleanly (the client re-watches): a
+        # half-open upstream must not hold it forever. Logs and exec may be quiet for hours.
+        self.watch_read_timeout = watch_read_timeout
         self.max_body_bytes = max_body_bytes
         self.forward_identity = forward_identity
         self._streams: set[aiohttp.ClientResponse] = set()
@@ -59,7 +69,7 @@ class Forwarder:
             body=body,
             verb=verb,
             streaming=streaming,
-            read_timeout=None,
+            read_timeout=self.watch_read_timeout if verb == "watch" else None,
             wait=False,
             forwarded_auth=forwarded_auth,
         )
