@@ -308,6 +308,8 @@ def load_file(path: str) -> dict[str, Any]:
         mark = getattr(exc, "problem_mark", None)
         line = f" (line {mark.line + 1})" if mark is not None else ""
         raise ConfigError(f"{path}: invalid YAML{line}") from None
+    except (ValueError, RecursionError) as exc:  # not UTF-8, a timestamp that is no date, nesting
+        raise ConfigError(f"{path}: invalid YAML ({type(exc).__name__})") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -132,3 +132,21 @@ def test_aiohttp_runs_its_c_http_parser() -> None:
     import aiohttp.http_parser
 
     assert aiohttp.http_parser.HttpRequestParser.__module__ == "aiohttp._http_parser"
+
+
+async def test_a_quiet_passed_through_watch_ends_cleanly_at_the_read_timeout(
+    tmp_path: Any,
+) -> None:
+    """A watch the hub passes through (a legacy /watch/ path) whose upstream goes silent (a
+    half-open connection looks the same) ends with a clean end of stream at
+    ``upstream.stream_idle_timeout_seconds``: the client re-watches, as after a watch timeout."""
+    overrides = {"upstream.stream_idle_timeout_seconds": 0.5}
+    async with running_proxy(tmp_path, overrides) as running, aiohttp.ClientSession() as session:
+        running.fake.store.create("configmaps", "default", {"metadata": {"name": "quiet"}})
+        url = running.url + "/api/v1/watch/namespaces/default/configmaps/quiet"
+        async with session.get(url) as response:
+            assert response.status == 200
+            first = await asyncio.wait_for(response.content.readline(), 5)
+            assert b'"ADDED"' in first
+            # Then nothing comes upstream; the proxy ends the stream, cleanly (chunked EOF).
+            assert await asyncio.wait_for(response.content.read(), 5) == b""

@@ -224,7 +224,7 @@ def in_cluster(
 
 
 def _named(entries: Any, name: str, what: str, path: str) -> dict[str, Any]:
-    for entry in entries or []:
+    for entry in entries if isinstance(entries, list) else []:
         if isinstance(entry, dict) and entry.get("name") == name:
             body = entry.get(what)
             if isinstance(body, dict):
@@ -259,6 +259,8 @@ def from_kubeconfig(
         raise CredentialsError(f"cannot read kubeconfig {path}: {exc.strerror}") from None
     except yaml.YAMLError:
         raise CredentialsError(f"kubeconfig {path}: invalid YAML") from None
+    except (ValueError, RecursionError) as exc:  # not UTF-8, a timestamp that is no date, nesting
+        raise CredentialsError(f"kubeconfig {path}: invalid YAML ({type(exc).__name__})") from None
     if not isinstance(doc, dict):
         raise CredentialsError(f"kubeconfig {path}: not a kubeconfig")
     name = context or doc.get("current-context")
