@@ -19,7 +19,8 @@ from watchproxy.kube.credentials import UpstreamTarget
 from watchproxy.metrics import Metrics
 from watchproxy.policy.access import AccessPolicy
 from watchproxy.policy.backoff import BackoffPolicy
-from watchproxy.policy.ratelimit import ClientRateLimiter, ErroredWatchLimiter, UpstreamLimiter
+from watchproxy.policy.clientlimits import ClientRateLimiter, ErroredWatchLimiter
+from watchproxy.policy.ratelimit import UpstreamLimiter
 from watchproxy.server.admin import build_admin_app
 from watchproxy.server.api import ApiHandler, build_api_app
 from watchproxy.server.listener import ConnectionGuard, status_server_factory

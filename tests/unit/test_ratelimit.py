@@ -16,14 +16,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from watchproxy.errors import TooManyRequests
+from watchproxy.policy.clientlimits import ClientRateLimiter, ErroredWatchLimiter
+from watchproxy.policy.fairqueue import flow
 from watchproxy.policy.ratelimit import (
     MAX_RETRY_AFTER,
-    ClientRateLimiter,
-    ErroredWatchLimiter,
     RetryAfterGate,
     TokenBucket,
     UpstreamLimiter,
-    flow,
     parse_retry_after,
 )
 

@@ -1,35 +1,25 @@
 """Rate limiting: pure token arithmetic plus one thin async limiter for upstream requests.
 
-:class:`TokenBucket`, :class:`RetryAfterGate`, :class:`ClientRateLimiter`, :class:`FairQueue`
-and :func:`parse_retry_after` take the time as an argument and never sleep.
-:class:`UpstreamLimiter` is the only part that awaits; its clock and sleep are injectable.
-
-Fair shares: the upstream budget (tokens and concurrency slots) is handed out in turn between
-*flows*, the clients the server tells apart (:func:`flow`: per source address, and per
-credential when clients' credentials are forwarded). While nobody waits, anyone takes what is
-there; once requests queue, each waiting flow gets the next token in turn, so a client looping
-on LISTs gets no more than an equal share of the queue while others want some, and all of it
-while they do not.
+:class:`TokenBucket`, :class:`RetryAfterGate` and :func:`parse_retry_after` take the time as an
+argument and never sleep. :class:`UpstreamLimiter` is the only part that awaits; its clock and
+sleep are injectable. It hands its budget out in turn between clients with the fair queue of
+``policy.fairqueue``; per-client limits on what clients ask for are in ``policy.clientlimits``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import bisect
 import contextlib
-import contextvars
 import enum
-import itertools
 import math
 import re
 import time
-from collections import Counter, OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
 from datetime import UTC
 from email.utils import parsedate_to_datetime
 
 from watchproxy.errors import TooManyRequests
+from watchproxy.policy.fairqueue import FairQueue, Turn, current_flow
 
 # An upstream asking for more than this is treated as asking for this: a typo'd or hostile
 # Retry-After must not stall the proxy for hours.
@@ -162,101 +152,6 @@ class _Default(enum.Enum):
     MAX_WAIT = enum.auto()
 
 
-# Who the current request is for: set by the server around the work it does for one client, read
-# by the limiter wherever that work reaches the upstream (no signature in between needs to know).
-_FLOW: contextvars.ContextVar[Hashable] = contextvars.ContextVar("watchproxy_flow", default=None)
-
-
-@contextlib.contextmanager
-def flow(key: Hashable) -> Iterator[None]:
-    """Charge upstream requests made inside the block to ``key`` (None: the proxy's own work)."""
-    token = _FLOW.set(key)
-    try:
-        yield
-    finally:
-        _FLOW.reset(token)
-
-
-@dataclass(order=True)
-class _Turn:
-    start: int
-    sequence: int
-    key: Hashable = field(compare=False)
-    wake: asyncio.Future[None] | None = field(default=None, compare=False)
-
-
-class FairQueue:
-    """Start-time fair queueing of requests between flows, one unit of work per request.
-
-    Guarantees: requests are ordered by (start tag, arrival); a flow's tag is the later of the
-    virtual time and the finish tag of its previous request, so while flows wait, each gets one
-    turn per round whatever the length of its backlog, and a newly arriving flow queues behind
-    at most one request of each other flow. Memory is bounded by the waiting requests plus
-    ``max_flows`` remembered finish tags (least recently used forgotten first, which at worst
-    gives a flow one turn early).
-    """
-
-    def __init__(self, max_flows: int = 10_000) -> None:
-        self.max_flows = max_flows
-        self._virtual = 0
-        self._finish: OrderedDict[Hashable, int] = OrderedDict()
-        self._queue: list[_Turn] = []
-        self._waiting: Counter[Hashable] = Counter()
-        self._sequence = itertools.count()
-
-    def __len__(self) -> int:
-        return len(self._queue)
-
-    @property
-    def waiting_flows(self) -> int:
-        return len(self._waiting)
-
-    def ahead_of_new(self, key: Hashable) -> int:
-        """How many queued requests a new request of ``key`` would queue behind."""
-        start = max(self._virtual, self._finish.get(key, self._virtual))
-        return bisect.bisect_right(self._queue, start, key=lambda turn: turn.start)
-
-    def join(self, key: Hashable) -> _Turn:
-        start = max(self._virtual, self._finish.get(key, self._virtual))
-        self._finish[key] = start + 1
-        self._finish.move_to_end(key)
-        while len(self._finish) > self.max_flows:
-            self._finish.popitem(last=False)
-        turn = _Turn(start, next(self._sequence), key)
-        bisect.insort(self._queue, turn)
-        self._waiting[key] += 1
-        return turn
-
-    def is_first(self, turn: _Turn) -> bool:
-        return bool(self._queue) and self._queue[0] is turn
-
-    def leave(self, turn: _Turn, *, served: bool) -> None:
-        """``turn`` is done waiting: served (virtual time moves to its tag) or given up."""
-        index = bisect.bisect_left(self._queue, turn)
-        while self._queue[index] is not turn:
-            index += 1
-        del self._queue[index]
-        self._waiting[turn.key] -= 1
-        if not self._waiting[turn.key]:
-            del self._waiting[turn.key]
-        if served:
-            self._virtual = max(self._virtual, turn.start)
-            # Finish tags at or behind virtual time say nothing: forget them.
-            while self._finish:
-                oldest_key, finish = next(iter(self._finish.items()))
-                if finish > self._virtual or oldest_key in self._waiting:
-                    break
-                del self._finish[oldest_key]
-        self.wake_first()
-
-    def wake_first(self) -> None:
-        """Tell the first waiter to look again (a slot or a place at the front came free)."""
-        if self._queue:
-            wake = self._queue[0].wake
-            if wake is not None and not wake.done():
-                wake.set_result(None)
-
-
 class UpstreamLimiter:
     """Admission to the upstream apiserver: Retry-After gate, token bucket, concurrency cap.
 
@@ -334,7 +229,7 @@ class UpstreamLimiter:
         budget = self.default_max_wait if isinstance(max_wait, _Default) else max_wait
         started = self._clock()
         waited = await self._wait_for_gate(started, budget)
-        waited = await self._admit(_FLOW.get(), started, budget) or waited
+        waited = await self._admit(current_flow(), started, budget) or waited
         try:
             # A 429 may have arrived while this request queued: honour it before going out.
             waited = await self._wait_for_gate(started, budget) or waited
@@ -393,7 +288,7 @@ class UpstreamLimiter:
         finally:
             self._queue.leave(turn, served=served)
 
-    async def _wait_turn(self, turn: _Turn, started: float, budget: float | None) -> None:
+    async def _wait_turn(self, turn: Turn, started: float, budget: float | None) -> None:
         """Until this turn may look again: it became first, or a concurrency slot came free."""
         turn.wake = asyncio.get_running_loop().create_future()
         try:
@@ -431,107 +326,3 @@ class UpstreamLimiter:
         raise TooManyRequests(
             f"too many requests: {why}, retry in {retry_after:.1f}s", retry_after=retry_after
         )
-
-
-class ClientRateLimiter:
-    """Per-client token buckets (e.g. keyed by remote address) for new watch and list requests.
-
-    Guarantees: each key gets its own ``rate``/``burst`` bucket; memory stays bounded by
-    ``max_keys`` (least recently used keys go first); a key whose bucket has refilled completely
-    is forgotten early, which loses nothing since a new bucket would be identical.
-    ``rate <= 0`` means unlimited.
-    """
-
-    def __init__(self, rate: float, burst: int, max_keys: int = 10_000) -> None:
-        if max_keys < 1:
-            raise ValueError(f"max_keys must be >= 1, got {max_keys!r}")
-        TokenBucket(rate, burst, 0.0)  # validate the arguments once, up front
-        self.rate = rate
-        self.burst = burst
-        self.max_keys = max_keys
-        self.rejected_total = 0
-        self._buckets: OrderedDict[Hashable, TokenBucket] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._buckets)
-
-    def check(self, key: Hashable, now: float) -> float:
-        """0.0 if ``key`` may make a request now (and count it), else the seconds to wait."""
-        if _is_unlimited(self.rate):
-            return 0.0
-        self._evict_idle(now)
-        bucket = self._buckets.get(key)
-        if bucket is None:
-            bucket = TokenBucket(self.rate, self.burst, now)
-            self._buckets[key] = bucket
-            while len(self._buckets) > self.max_keys:
-                self._buckets.popitem(last=False)
-        else:
-            self._buckets.move_to_end(key)
-        wait = bucket.try_take(now)
-        if wait > 0:
-            self.rejected_total += 1
-        return wait
-
-    def _evict_idle(self, now: float) -> None:
-        # Oldest first; stop at the first bucket still refilling to keep this O(1) amortized.
-        while self._buckets:
-            oldest = next(iter(self._buckets.values()))
-            if oldest.tokens(now) < oldest.burst:
-                return
-            self._buckets.popitem(last=False)
-
-
-class ErroredWatchLimiter:
-    """Per-client budget for watch requests that end in an error (a 4xx/5xx, a stream that
-    ends at once): a library that re-watches in a tight loop after each error is slowed down
-    to ``rate`` such watches per second once it has spent ``burst`` of them.
-
-    Guarantees: a key that never errs never waits; each error costs one token and the next watch
-    of that key waits until the balance is back to zero; the debt is capped at ``burst`` tokens
-    (a wait of at most ``burst / rate`` seconds); memory is bounded by ``max_keys`` (least
-    recently used first) and a key whose bucket is full again is forgotten.
-    ``rate <= 0`` means off.
-    """
-
-    def __init__(self, rate: float, burst: int, max_keys: int = 10_000) -> None:
-        if max_keys < 1:
-            raise ValueError(f"max_keys must be >= 1, got {max_keys!r}")
-        TokenBucket(rate, burst, 0.0)  # validate the arguments once, up front
-        self.rate = rate
-        self.burst = burst
-        self.max_keys = max_keys
-        self._buckets: OrderedDict[Hashable, TokenBucket] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._buckets)
-
-    def wait(self, key: Hashable, now: float) -> float:
-        """Seconds the next watch of ``key`` must wait (0.0: go ahead)."""
-        bucket = self._buckets.get(key)
-        if bucket is None or _is_unlimited(self.rate):
-            return 0.0
-        return max(0.0, -bucket.tokens(now) / self.rate)
-
-    def record_error(self, key: Hashable, now: float) -> None:
-        """A watch of ``key`` ended in an error."""
-        if _is_unlimited(self.rate):
-            return
-        self._evict_full(now)
-        bucket = self._buckets.get(key)
-        if bucket is None:
-            bucket = TokenBucket(self.rate, self.burst, now)
-            self._buckets[key] = bucket
-            while len(self._buckets) > self.max_keys:
-                self._buckets.popitem(last=False)
-        else:
-            self._buckets.move_to_end(key)
-        if bucket.tokens(now) > -self.burst:
-            bucket.reserve(now)
-
-    def _evict_full(self, now: float) -> None:
-        while self._buckets:
-            oldest = next(iter(self._buckets.values()))
-            if oldest.tokens(now) < oldest.burst:
-                return
-            self._buckets.popitem(last=False)

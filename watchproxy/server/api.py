@@ -26,7 +26,8 @@ from watchproxy.policy.access import (
     ReadOnlyRefused,
     host_allowed,
 )
-from watchproxy.policy.ratelimit import ErroredWatchLimiter, flow
+from watchproxy.policy.clientlimits import ErroredWatchLimiter
+from watchproxy.policy.fairqueue import flow
 from watchproxy.server.listener import ConnectionGuard
 from watchproxy.server.passthrough import Forwarder
 from watchproxy.server.upgrade import WebSocketRelay
