@@ -20,9 +20,10 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
 RUN python -m venv /opt/venv
 
 WORKDIR /src
-COPY pyproject.toml README.md LICENSE ./
+COPY pyproject.toml README.md LICENSE constraints.txt ./
 COPY watchproxy/ ./watchproxy/
-RUN /opt/venv/bin/pip install --no-cache-dir --only-binary=:all: . \
+# constraints.txt: the runtime stack known to own its sockets (watchproxy/upstream/connector.py).
+RUN /opt/venv/bin/pip install --no-cache-dir --only-binary=:all: -c constraints.txt . \
     && /opt/venv/bin/pip uninstall --yes pip setuptools \
     && /opt/venv/bin/watchproxy --help > /dev/null
 
