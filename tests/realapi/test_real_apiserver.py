@@ -52,6 +52,12 @@ def configmap(name: str, value: str = "1") -> dict[str, Any]:
 async def session() -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession() as client:
         yield client
+    # KNOWN DEFECT, to fix at its cause (issue 12 note): connections to the real (Go) apiserver
+    # that aiohttp closes itself (pooled ones, at session close) finish their TLS shutdown only
+    # when the Go side answers close_notify, sometimes after the test's loop has closed, which
+    # the leak checks report. Bounded wait for those closes; our own cut connections are
+    # awaited where they are closed (kubeapi.py, Upstream.cut).
+    await asyncio.sleep(1.0)
 
 
 @pytest.fixture
