@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from tests.harness import running_proxy, wait_for
 from watchproxy.errors import BadRequest
 from watchproxy.kube.apipath import parse_api_path
-from watchproxy.kube.selectors import parse_field_selector, parse_label_selector
+from watchproxy.kube.fieldselectors import parse_field_selector
+from watchproxy.kube.selectors import parse_label_selector
 from watchproxy.kube.watchquery import KNOWN_PARAMETERS, parse_watch_query
 
 # --- (a) parsing ------------------------------------------------------------------------------

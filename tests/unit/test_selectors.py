@@ -10,13 +10,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from watchproxy.errors import BadRequest
-from watchproxy.kube.selectors import (
+from watchproxy.kube.fieldselectors import (
     FieldRequirement,
-    LabelRequirement,
     escape_field_value,
     parse_field_selector,
-    parse_label_selector,
 )
+from watchproxy.kube.selectors import LabelRequirement, parse_label_selector
 
 # --- label selectors: accepted, and their canonical form ---------------------------------------
 

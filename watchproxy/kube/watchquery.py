@@ -15,12 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 from watchproxy.errors import BadRequest
-from watchproxy.kube.selectors import (
-    FieldSelector,
-    LabelSelector,
-    parse_field_selector,
-    parse_label_selector,
-)
+from watchproxy.kube.fieldselectors import FieldSelector, parse_field_selector
+from watchproxy.kube.selectors import LabelSelector, parse_label_selector
 
 ResourceVersionMatch = Literal["", "NotOlderThan", "Exact"]
 _Selector = TypeVar("_Selector", LabelSelector, FieldSelector)
