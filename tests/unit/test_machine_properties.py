@@ -271,7 +271,16 @@ class SharedWatchHistories(RuleBasedStateMachine):
             self.clients.remove(client)  # ended (slow, cut, or a relist jumped over it)
             note_event("a client was ended")
             return
-        for event in list(events)[:limit]:
+        batch = list(events)[:limit]
+        self.deliver(client, batch)
+        if batch and len(batch) == len(events) and len(batch) < limit:
+            # Read to the end: as the subscriber does, look again. At a backfill cutoff the
+            # next look ends the client (it writes the apiserver's 410 and closes), so a
+            # client that has read to a cutoff is not a caught-up client.
+            self.read_client(client, limit - len(batch))
+
+    def deliver(self, client: Client, batch: list[Any]) -> None:
+        for event in batch:
             client.cursor = event.seq + 1
             if not client.plan.wants(event):
                 continue
