@@ -78,6 +78,7 @@ class BackoffConfig:
     max_seconds: float = 30.0
     jitter: Literal["proportional", "full", "none"] = "proportional"
     reset_after_seconds: float = 120.0
+    probe_max_seconds: float = 8.0
 
 
 @dataclass(frozen=True)
@@ -387,6 +388,10 @@ def _check(config: Config, where: str) -> None:
         raise ConfigError(f"{where}: backoff.factor: must be >= 1")
     if b.max_seconds < b.initial_seconds:
         raise ConfigError(f"{where}: backoff.max_seconds: must be >= backoff.initial_seconds")
+    if b.probe_max_seconds < b.initial_seconds:
+        raise ConfigError(
+            f"{where}: backoff.probe_max_seconds: must be >= backoff.initial_seconds"
+        )
     h = config.hub
     if h.history_size < 1:
         raise ConfigError(f"{where}: hub.history_size: must be >= 1")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 import statistics
 
@@ -9,6 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from watchproxy.app import probe_policy
+from watchproxy.config import Config
 from watchproxy.policy.backoff import Backoff, BackoffPolicy
 
 SAMPLES = 4000
@@ -315,3 +318,36 @@ def test_attempt_counter_follows_the_reset_rule(
         assert backoff.attempt == model_attempt
     else:
         assert backoff.attempt == 0
+
+
+def test_cap_jitter_spreads_delays_at_the_cap_and_zero_keeps_client_gos_schedule() -> None:
+    rng = random.Random(7)
+    plain = BackoffPolicy(initial=1.0, cap=8.0)
+    assert {plain.delay(10, rng) for _ in range(100)} == {8.0}
+    spread = BackoffPolicy(initial=1.0, cap=8.0, cap_jitter=0.25)
+    samples = [spread.delay(10, rng) for _ in range(SAMPLES)]
+    assert 6.0 <= min(samples) < 6.05 and 7.95 < max(samples) <= 8.0
+    assert statistics.mean(samples) == pytest.approx(7.0, rel=0.02)
+    # Below the cap the proportional jitter is unchanged: [d, 2d).
+    assert all(1.0 <= spread.delay(0, rng) < 2.0 for _ in range(100))
+    with pytest.raises(ValueError, match="cap_jitter"):
+        BackoffPolicy(cap_jitter=1.5)
+
+
+def test_the_probe_schedule_keeps_thirty_seconds_of_outage_to_eight_attempts() -> None:
+    """Issue 10's budget with the default configuration: two failed dials declare the
+    apiserver down, then only the prober dials; any 30 s of outage costs at most 8 attempts,
+    and at the cap a probe goes out every 6-8 s (so recovery is seen ~3.5 s late on average)."""
+    policy = probe_policy(Config())
+    for seed in range(2000):
+        backoff = Backoff(policy, random.Random(seed), FakeClock())
+        times = [0.0]
+        while times[-1] < 300.0:
+            times.append(times[-1] + backoff.failure())
+        probes = times[1:]
+        for start in [0.0, *probes]:
+            in_window = sum(1 for t in probes if start <= t < start + 30.0)
+            # Two dials before the first window; later windows start at a probe (counted).
+            assert in_window + (2 if start == 0.0 else 0) <= 8, (seed, start)
+    gaps = [b - a for a, b in itertools.pairwise(probes) if b > 60.0]
+    assert min(gaps) >= 6.0 and max(gaps) <= 8.0

@@ -35,6 +35,11 @@ class BackoffPolicy:
 
     ``reset_after`` is how long a connection must stay healthy before the attempt counter of a
     :class:`Backoff` goes back to 0.
+
+    ``cap_jitter`` (0 = client-go's behaviour) keeps some jitter once the schedule reaches the
+    cap: a delay that would be ``cap`` is drawn uniformly from ``[cap * (1 - cap_jitter), cap]``.
+    Without it every delay at the cap is exactly ``cap`` and proxies that lost the apiserver at
+    the same moment would keep retrying in lockstep.
     """
 
     initial: float = 0.8
@@ -42,6 +47,7 @@ class BackoffPolicy:
     cap: float = 30.0
     jitter: JitterMode = "proportional"
     reset_after: float = 120.0
+    cap_jitter: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("initial", "factor", "cap", "reset_after"):
@@ -56,6 +62,8 @@ class BackoffPolicy:
             raise ValueError(
                 f"backoff cap must be >= initial, got cap={self.cap!r} initial={self.initial!r}"
             )
+        if not 0.0 <= self.cap_jitter <= 1.0:
+            raise ValueError(f"backoff cap_jitter must be in [0, 1], got {self.cap_jitter!r}")
         if self.reset_after < 0:
             raise ValueError(f"backoff reset_after must be >= 0, got {self.reset_after!r}")
         if self.jitter not in _JITTER_MODES:
@@ -83,7 +91,10 @@ class BackoffPolicy:
             return base
         if self.jitter == "full":
             return rng.uniform(0.0, base)
-        return min(self.cap, base + rng.random() * base)
+        delay = base + rng.random() * base
+        if delay < self.cap:
+            return delay
+        return self.cap - rng.random() * self.cap * self.cap_jitter
 
 
 class Backoff:
