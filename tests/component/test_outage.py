@@ -194,6 +194,12 @@ async def test_list_rv0_and_new_watches_are_served_from_hub_state_during_outage(
             assert "unreachable" in status["message"]
         assert time.monotonic() - started < 1.0
 
+        # So does a watch on a key the hub has no state for.
+        async with session.get(f"{running.url}{PODS}?watch=1&labelSelector=app%3Ddb") as response:
+            assert response.status == 503
+            assert "Retry-After" not in response.headers
+            assert "no shared state yet" in (await response.json())["message"]
+
         # A new watch on the known key joins the shared state without the upstream.
         async with session.get(
             f"{running.url}{PODS}?watch=1&labelSelector=app%3Dweb&timeoutSeconds=1"

@@ -122,7 +122,7 @@ class Hub:
         """Called from the shared watch's own tasks: close it from a task the hub owns."""
         if self.watches.get(shared.key) is shared:
             del self.watches[shared.key]
-        task = asyncio.create_task(shared.close(), name="watchproxy-retire")
+        task = asyncio.create_task(self._close_one(shared), name="watchproxy-retire")
         self._retired.add(task)
         task.add_done_callback(self._retired.discard)
 
@@ -163,9 +163,11 @@ class Hub:
             )
         shared = self.watches.get(key)
         if (shared is None or not shared.cache.synced) and self.health.down:
+            # No Retry-After, as for every request refused while the upstream is known down
+            # (upstream/client.py): client-go retries a 503 that has one up to 10 times.
             raise UpstreamUnavailable(
-                "the apiserver is unreachable and this watch has no shared state yet",
-                retry_after=self.health.retry_after(),
+                "the apiserver is unreachable and this watch has no shared state yet; "
+                f"watchproxy checks again in {self.health.retry_after():.0f}s"
             )
         shared = self._shared(key, representation, auth)
         resuming = query.resource_version not in (None, "", "0") and not query.send_initial_events
@@ -260,12 +262,21 @@ class Hub:
         """End every shared watch; their subscribers finish their streams cleanly."""
         watches = list(self.watches.values())
         self.watches.clear()
-        results = await asyncio.gather(
-            *(w.close() for w in watches), *self._retired, return_exceptions=True
-        )
-        for result in results:
-            if isinstance(result, Exception):  # each close is still awaited: none is skipped
-                log.error("closing a shared watch failed", exc_info=result)
+        # Concurrently, and every one to the end: _close_one reports a failure with its key
+        # instead of raising, so one broken watch cannot leave the others' tasks unawaited.
+        await asyncio.gather(*(self._close_one(w) for w in watches), *self._retired)
+
+    @staticmethod
+    async def _close_one(shared: SharedWatch) -> None:
+        """Close one shared watch; a failure is a bug, logged once with the key it hit."""
+        try:
+            await shared.close()
+        except Exception:
+            log.exception(
+                "closing the shared watch %s %s failed",
+                shared.key.collection_path,
+                shared.key.describe(),
+            )
 
     def debug(self) -> list[dict[str, Any]]:
         return [w.debug() for w in self.watches.values()]
