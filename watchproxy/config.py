@@ -389,9 +389,7 @@ def _check(config: Config, where: str) -> None:
     if b.max_seconds < b.initial_seconds:
         raise ConfigError(f"{where}: backoff.max_seconds: must be >= backoff.initial_seconds")
     if b.probe_max_seconds < b.initial_seconds:
-        raise ConfigError(
-            f"{where}: backoff.probe_max_seconds: must be >= backoff.initial_seconds"
-        )
+        raise ConfigError(f"{where}: backoff.probe_max_seconds: must be >= backoff.initial_seconds")
     h = config.hub
     if h.history_size < 1:
         raise ConfigError(f"{where}: hub.history_size: must be >= 1")

@@ -152,12 +152,6 @@ def _untyped(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: v for k, v in item.items() if k not in ("kind", "apiVersion")} for item in items]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a resourceVersion=0 list served from the hub's cache puts the watch-event objects "
-    "into items unchanged (Representation.list_body), so every item keeps kind and apiVersion; "
-    "the apiserver's list items carry neither",
-)
 async def test_list_from_cache_items_are_as_direct(
     tmp_path: Path, real_apiserver: RealApiServer, direct: Api, namespace: str
 ) -> None:
@@ -667,12 +661,6 @@ async def test_forward_identity_each_account_sees_what_it_may(
         assert nobody.json()["message"] == oracle.json()["message"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a watch the caller may not make is answered with the 403 of the shared watch's "
-    "initial LIST (Hub.serve returns UpstreamRefused's body), so the message says 'cannot list' "
-    "where the apiserver says 'cannot watch'",
-)
 async def test_forward_identity_forbidden_watch_message_as_direct(
     tmp_path: Path, real_apiserver: RealApiServer, direct: Api, namespace: str
 ) -> None:

@@ -314,7 +314,7 @@ class SharedWatchMachine:
                 # The WATCH itself is not allowed (RBAC may grant list but not watch, a CRD
                 # may be gone): retrying cannot help, and serving the list would hand clients
                 # a stream the apiserver refuses them. Fail the key with the apiserver's answer.
-                return self._go(Phase.FAILED, name, Fail(outcome), publish=True)
+                return self._go(Phase.FAILED, name, Fail(outcome, of_list=False), publish=True)
             return self._refused(name, outcome, Phase.WATCHING)
         if isinstance(outcome, Broken):
             return self._failed(name, outcome.down, Phase.WATCHING)

@@ -181,6 +181,12 @@ class Hub:
             try:
                 await shared.wait_synced(INITIAL_SYNC_TIMEOUT)
             except UpstreamRefused as refused:
+                if refused.of_list and refused.status == 403:
+                    # RBAC refused the LIST; this client asked to WATCH, and the apiserver's
+                    # answer to that differs (its message names the verb): let it answer.
+                    # A 401 or 404 reads the same for both verbs and is served from the key.
+                    self.metrics.passthrough_watches.labels("list-refused").inc()
+                    return None
                 return Refusal(refused.status, refused.body, refused.content_type)
             plan = await self._plan(shared, query)
             if plan.outside_window:

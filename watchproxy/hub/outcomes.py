@@ -142,6 +142,9 @@ class WaitForUpstream:
 @dataclass(frozen=True, slots=True)
 class Fail:
     refusal: Refused
+    # The refused request was the first LIST (else the WATCH): a client that asked to watch
+    # is owed the apiserver's answer to a watch, which a LIST's refusal is not.
+    of_list: bool = True
 
 
 @dataclass(frozen=True, slots=True)

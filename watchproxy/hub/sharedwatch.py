@@ -56,13 +56,14 @@ def _wake(waiter: asyncio.Future[None]) -> None:
 
 
 class UpstreamRefused(Exception):
-    """The apiserver answered the initial list with an error: clients get that same answer."""
+    """The apiserver refused the key's first LIST (``of_list``) or its WATCH with an error."""
 
-    def __init__(self, status: int, body: bytes, content_type: str) -> None:
+    def __init__(self, status: int, body: bytes, content_type: str, *, of_list: bool) -> None:
         super().__init__(f"upstream answered {status}")
         self.status = status
         self.body = body
         self.content_type = content_type
+        self.of_list = of_list
 
 
 class SharedWatch:
@@ -259,7 +260,7 @@ class SharedWatch:
                 await self.health.wait_up()
                 outcome = UpstreamBack()
             elif isinstance(action, Fail):
-                self._fail(action.refusal)
+                self._fail(action.refusal, of_list=action.of_list)
                 return
             else:  # Halt
                 return
@@ -292,8 +293,10 @@ class SharedWatch:
             # Outages, relists and dead watches are worth a line; routine re-watches are not.
             log.info("shared watch %s: %s", self.key.collection_path, step.note)
 
-    def _fail(self, refusal: Refused) -> None:
-        self.failure = UpstreamRefused(refusal.status, refusal.body, refusal.content_type)
+    def _fail(self, refusal: Refused, *, of_list: bool) -> None:
+        self.failure = UpstreamRefused(
+            refusal.status, refusal.body, refusal.content_type, of_list=of_list
+        )
         self._synced.set()
         self._notify()
         if self.on_idle is not None:

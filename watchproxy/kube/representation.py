@@ -227,7 +227,11 @@ class JsonRepresentation(Representation):
         if self._api_version is not None:
             body["apiVersion"] = self._api_version
         body["metadata"] = {"resourceVersion": rv}
-        body["items"] = objects
+        # Watch events carry kind and apiVersion on the object; the items of a list do not
+        # (the apiserver's list encoder leaves them out): drop them to answer as it does.
+        body["items"] = [
+            {k: v for k, v in obj.items() if k not in ("kind", "apiVersion")} for obj in objects
+        ]
         return body
 
 
