@@ -104,6 +104,7 @@ class Proxy:
             self.upstream,
             max_body_bytes=config.limits.max_body_bytes,
             forward_identity=config.security.identity == "forward",
+            forward_impersonation=config.security.impersonation == "forward",
             stream_idle_timeout=config.upstream.stream_idle_timeout_seconds,
         )
         self.hub: Hub | None = None
@@ -172,12 +173,16 @@ class Proxy:
         handler = ApiHandler(
             guard=guard,
             relay=WebSocketRelay(
-                self.upstream, forward_identity=self.config.security.identity == "forward"
+                self.upstream,
+                forward_identity=self.config.security.identity == "forward",
+                forward_impersonation=self.config.security.impersonation == "forward",
             ),
             forwarder=self.forwarder,
             metrics=self.metrics,
             policy=AccessPolicy(
-                self.config.security.rules, read_only=self.config.security.read_only
+                self.config.security.rules,
+                read_only=self.config.security.read_only,
+                forward_impersonation=self.config.security.impersonation == "forward",
             ),
             allowed_hosts=self.config.listen.allowed_hosts,
             hub=HubEndpoint(self.hub) if self.hub is not None else None,

@@ -121,6 +121,7 @@ class AccessRule:
 @dataclass(frozen=True)
 class SecurityConfig:
     identity: Literal["serviceaccount", "forward"] = "serviceaccount"
+    impersonation: Literal["refuse", "forward"] = "refuse"
     rules: tuple[AccessRule, ...] = ()
     read_only: bool = False
 

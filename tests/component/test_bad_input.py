@@ -555,10 +555,6 @@ async def test_client_identity_headers_are_stripped(running: Running) -> None:
         headers=[
             ("Authorization", "Bearer client-secret"),
             ("Authorization", "Basic cm9vdDpyb290"),
-            ("Impersonate-User", "system:admin"),
-            ("Impersonate-Group", "system:masters"),
-            ("Impersonate-Uid", "0"),
-            ("Impersonate-Extra-Scopes", "all"),
             ("X-Remote-User", "root"),
             ("X-Remote-Group", "system:masters"),
             ("Connection", "Impersonate-User"),
@@ -571,6 +567,23 @@ async def test_client_identity_headers_are_stripped(running: Running) -> None:
     assert sent["authorization"] == f"Bearer {running.fake.token}"
     assert not [k for k in sent if k.startswith(("impersonate-", "x-remote-"))]
     assert "client-secret" not in json.dumps(record.headers)
+
+
+async def test_impersonation_is_refused_not_dropped(running: Running) -> None:
+    """Dropping Impersonate-* would run the request as the proxy's identity, with more rights
+    than a client that asked to act as someone less privileged meant: refused by default."""
+    running.fake.stats.reset()
+    for name, value in [
+        ("Impersonate-User", "system:admin"),
+        ("Impersonate-Group", "system:masters"),
+        ("Impersonate-Uid", "0"),
+        ("Impersonate-Extra-Scopes", "all"),
+    ]:
+        answer = await send_raw(running.proxy.api_port, get(PODS, headers=[(name, value)]))
+        assert answer.status == 403, (name, answer.body[:200])
+        status = json.loads(answer.body)
+        assert status["reason"] == "Forbidden" and name in status["message"]
+    assert not [r for r in running.fake.stats.requests if r.path == PODS]
 
 
 async def test_the_proxy_never_answered_500(running: Running) -> None:

@@ -51,3 +51,34 @@ async def test_forward_mode_shares_watches_only_between_equal_credentials(
         identities = {w["key"]["identity"] for w in hub.debug()}
         assert "proxy" not in identities
         assert all(running.fake.token not in str(w) for w in hub.debug())  # digests only
+
+
+async def test_forwarded_impersonation_reaches_the_apiserver_and_bypasses_the_hub(
+    tmp_path: Any,
+) -> None:
+    """With ``security.impersonation: forward`` the apiserver decides; the hub's shared state
+    (the proxy's view) never answers a request made as someone else."""
+    overrides = {"security.impersonation": "forward"}
+    async with running_proxy(tmp_path, overrides) as running, aiohttp.ClientSession() as session:
+        running.fake.store.create(
+            "pods", "default", {"metadata": {"name": "p"}, "spec": {"containers": []}}
+        )
+        watch = running.url + PODS + "?watch=1&timeoutSeconds=1"
+        async with session.get(watch) as response:  # a shared watch exists for the key now
+            assert response.status == 200
+            await response.read()
+        running.fake.stats.reset()
+        alice = {"Impersonate-User": "alice", "Impersonate-Group": "devs"}
+        for url in (watch, running.url + PODS + "?resourceVersion=0", running.url + PODS):
+            async with session.get(url, headers=alice) as response:
+                assert response.status == 200
+                await response.read()
+        sent = [r for r in running.fake.stats.requests if r.path == PODS]
+        assert len(sent) == 3  # none served from the hub
+        for record in sent:
+            headers = {k.lower(): v for k, v in record.headers.items()}
+            assert headers["impersonate-user"] == "alice"
+            assert headers["impersonate-group"] == "devs"
+            assert headers["authorization"] == f"Bearer {running.fake.token}"
+        passthrough = running.proxy.metrics.passthrough_watches.labels("impersonation")
+        assert passthrough._value.get() == 1  # type: ignore[attr-defined]

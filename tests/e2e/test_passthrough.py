@@ -94,8 +94,6 @@ async def test_client_credentials_never_reach_the_upstream(tmp_path: Any) -> Non
         running.fake.stats.reset()
         headers = {
             "Authorization": "Bearer client-secret",
-            "Impersonate-User": "system:admin",
-            "Impersonate-Group": "system:masters",
             "X-Remote-User": "root",
         }
         async with session.get(

@@ -1,12 +1,17 @@
-"""The ``real_apiserver`` fixture: one real kube-apiserver + etcd for the whole session."""
+"""The ``real_apiserver`` fixture (one real kube-apiserver + etcd for the whole session) and the
+per-test ``session``, ``direct`` (its admin) and ``namespace`` fixtures."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import secrets
+from collections.abc import AsyncIterator, Iterator
 
+import aiohttp
 import pytest
 
 from tests.realapi.fixture import RealApiServer, Unavailable, ci_requires_tier, start_kubetestenv
+from tests.realapi.kubeapi import Api
+from watchproxy.upstream.connector import SerialConnector
 
 
 @pytest.fixture(scope="session")
@@ -25,3 +30,33 @@ def real_apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealApi
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    # The proxy's own connector: it keeps track of every connection it dialed, so teardown can
+    # wait for the TLS shutdowns that the Go apiserver answers late (see wait_closed) instead
+    # of letting a transport outlive the test's loop.
+    connector = SerialConnector(is_down=lambda: False, on_failure=lambda _error: None)
+    async with aiohttp.ClientSession(connector=connector) as client:
+        yield client
+    await connector.wait_closed(5.0)
+
+
+@pytest.fixture
+def direct(real_apiserver: RealApiServer, session: aiohttp.ClientSession) -> Api:
+    """The real apiserver as its admin (system:masters)."""
+    return Api(
+        session,
+        real_apiserver.url,
+        token=real_apiserver.token,
+        ssl_context=real_apiserver.ssl_context(),
+    )
+
+
+@pytest.fixture
+async def namespace(direct: Api) -> str:
+    """A fresh namespace (left behind: no namespace controller runs to finalize a delete)."""
+    name = f"t-{secrets.token_hex(4)}"
+    await direct.ok("POST", "/api/v1/namespaces", body={"metadata": {"name": name}})
+    return name

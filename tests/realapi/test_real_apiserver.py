@@ -10,7 +10,6 @@ import asyncio
 import base64
 import contextlib
 import json
-import secrets
 import ssl
 import time
 from collections.abc import AsyncIterator
@@ -18,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -46,37 +44,6 @@ def configmap(name: str, value: str = "1") -> dict[str, Any]:
         "metadata": {"name": name},
         "data": {"v": value},
     }
-
-
-@pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as client:
-        yield client
-    # KNOWN DEFECT, to fix at its cause (issue 12 note): connections to the real (Go) apiserver
-    # that aiohttp closes itself (pooled ones, at session close) finish their TLS shutdown only
-    # when the Go side answers close_notify, sometimes after the test's loop has closed, which
-    # the leak checks report. Bounded wait for those closes; our own cut connections are
-    # awaited where they are closed (kubeapi.py, Upstream.cut).
-    await asyncio.sleep(1.0)
-
-
-@pytest.fixture
-def direct(real_apiserver: RealApiServer, session: aiohttp.ClientSession) -> Api:
-    """The real apiserver as its admin (system:masters)."""
-    return Api(
-        session,
-        real_apiserver.url,
-        token=real_apiserver.token,
-        ssl_context=real_apiserver.ssl_context(),
-    )
-
-
-@pytest.fixture
-async def namespace(direct: Api) -> str:
-    """A fresh namespace (left behind: no namespace controller runs to finalize a delete)."""
-    name = f"t-{secrets.token_hex(4)}"
-    await direct.ok("POST", "/api/v1/namespaces", body={"metadata": {"name": name}})
-    return name
 
 
 @contextlib.asynccontextmanager

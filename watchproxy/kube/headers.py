@@ -23,14 +23,15 @@ HOP_BY_HOP = frozenset(
     }
 )
 
-# A client's own identity claims: never forwarded in the default identity mode.
-IDENTITY_HEADERS = frozenset({"authorization"})
-IDENTITY_PREFIXES = ("impersonate-", "x-remote-")
+# A client's own identity claims. Authorization goes upstream only in forward identity mode;
+# Impersonate-* only with security.impersonation: forward; X-Remote-* never (the apiserver reads
+# them only from an authenticating front proxy, which watchproxy is not).
+IMPERSONATE_PREFIX = "impersonate-"
 
 
-def is_identity_header(name: str) -> bool:
-    lowered = name.lower()
-    return lowered in IDENTITY_HEADERS or lowered.startswith(IDENTITY_PREFIXES)
+def impersonates(headers: CIMultiDictProxy[str] | CIMultiDict[str]) -> bool:
+    """Whether the request asks to act as someone else (any ``Impersonate-*`` header)."""
+    return any(name.lower().startswith(IMPERSONATE_PREFIX) for name in headers)
 
 
 def _connection_tokens(headers: CIMultiDictProxy[str] | CIMultiDict[str]) -> set[str]:
@@ -41,7 +42,10 @@ def _connection_tokens(headers: CIMultiDictProxy[str] | CIMultiDict[str]) -> set
 
 
 def request_headers(
-    headers: CIMultiDictProxy[str] | CIMultiDict[str], *, forward_identity: bool = False
+    headers: CIMultiDictProxy[str] | CIMultiDict[str],
+    *,
+    forward_identity: bool = False,
+    forward_impersonation: bool = False,
 ) -> CIMultiDict[str]:
     """Client request headers to send upstream: no hop-by-hop, no client identity by default."""
     drop = HOP_BY_HOP | _connection_tokens(headers)
@@ -50,7 +54,11 @@ def request_headers(
         lowered = name.lower()
         if lowered in drop:
             continue
-        if not forward_identity and is_identity_header(lowered):
+        if lowered == "authorization" and not forward_identity:
+            continue
+        if lowered.startswith(IMPERSONATE_PREFIX) and not forward_impersonation:
+            continue
+        if lowered.startswith("x-remote-"):
             continue
         out.add(name, value)
     return out

@@ -23,6 +23,10 @@ class PolicyDenied(Forbidden):
     """A request refused by a ``deny`` rule of ``security.rules``."""
 
 
+class ImpersonationRefused(Forbidden):
+    """A request with ``Impersonate-*`` headers while ``security.impersonation`` is refuse."""
+
+
 def host_allowed(host_header: str | None, allowed: Iterable[str]) -> bool:
     """True if the Host (with or without its port) is in the allowlist."""
     if not host_header:
@@ -39,9 +43,31 @@ def host_allowed(host_header: str | None, allowed: Iterable[str]) -> bool:
 class AccessPolicy:
     """First matching rule wins; no match allows. ``read_only`` refuses every write first."""
 
-    def __init__(self, rules: Iterable[AccessRule], *, read_only: bool = False) -> None:
+    def __init__(
+        self,
+        rules: Iterable[AccessRule],
+        *,
+        read_only: bool = False,
+        forward_impersonation: bool = False,
+    ) -> None:
         self.rules = tuple(rules)
         self.read_only = read_only
+        self.forward_impersonation = forward_impersonation
+
+    def check_impersonation(self, header_names: Iterable[str]) -> None:
+        """Refuse a request that asks to act as someone else, unless that is configured.
+
+        Dropping the headers instead would run the request as the proxy's (or the client's
+        own) identity: more than a client that asked to act as a less privileged user meant.
+        """
+        if self.forward_impersonation:
+            return
+        asked = sorted({n for n in header_names if n.lower().startswith("impersonate-")})
+        if asked:
+            raise ImpersonationRefused(
+                f"watchproxy does not forward impersonation ({', '.join(asked)}): "
+                "security.impersonation is refuse"
+            )
 
     def check(self, method: str, path: str) -> None:
         """Raise Forbidden if ``method`` on the (already canonical) ``path`` is not allowed."""

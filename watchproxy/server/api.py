@@ -17,11 +17,13 @@ from aiohttp import web
 
 from watchproxy.errors import BadRequest, ProxyError, TooManyRequests, UpstreamUnavailable
 from watchproxy.kube.apipath import ApiPath, parse_api_path
+from watchproxy.kube.headers import impersonates
 from watchproxy.kube.watchquery import WatchQuery, parse_watch_query
 from watchproxy.metrics import Metrics
 from watchproxy.policy.access import (
     AccessPolicy,
     HostNotAllowed,
+    ImpersonationRefused,
     PolicyDenied,
     ReadOnlyRefused,
     host_allowed,
@@ -238,8 +240,15 @@ class ApiHandler:
             self.policy.check(
                 request.method, raw_path[:-1] if api_path.trailing_slash else raw_path
             )
-        except (ReadOnlyRefused, PolicyDenied) as refused:
-            reason = "read-only" if isinstance(refused, ReadOnlyRefused) else "policy"
+            self.policy.check_impersonation(request.headers.keys())
+        except (ReadOnlyRefused, PolicyDenied, ImpersonationRefused) as refused:
+            reason = (
+                "read-only"
+                if isinstance(refused, ReadOnlyRefused)
+                else "impersonation"
+                if isinstance(refused, ImpersonationRefused)
+                else "policy"
+            )
             self.metrics.rejected.labels(reason).inc()
             log.info(
                 "refused (%s) %s %s from %s", reason, request.method, raw_path[:200], request.remote
@@ -268,17 +277,21 @@ class ApiHandler:
                 )
         if verb == "watch" and query is not None:
             await self._hold_errored_client(request, raw_path, query)
-        if verb == "list" and self.hub is not None and query is not None:
-            cached = self.hub.serve_list(request, api_path, query)
+        # Someone else's view (impersonation forwarded): the hub's state is not theirs to serve.
+        hub = None if impersonates(request.headers) else self.hub
+        if verb == "list" and hub is not None and query is not None:
+            cached = hub.serve_list(request, api_path, query)
             if cached is not None:
                 return verb, cached
         # A negative timeoutSeconds is valid and ends the watch at once: the apiserver's call.
         shareable = query is not None and (query.timeout_seconds or 0) >= 0
-        if verb == "watch" and self.hub is not None and query is not None and shareable:
+        if verb == "watch" and hub is None and self.hub is not None:
+            self.metrics.passthrough_watches.labels("impersonation").inc()
+        if verb == "watch" and hub is not None and query is not None and shareable:
             hub_streams = self.metrics.in_flight.labels("stream")
             hub_streams.inc()
             try:
-                served = await self.hub.serve(request, api_path, query)
+                served = await hub.serve(request, api_path, query)
             finally:
                 hub_streams.dec()
             if served is not None:

@@ -40,11 +40,13 @@ class Forwarder:
         *,
         max_body_bytes: int,
         forward_identity: bool,
+        forward_impersonation: bool = False,
         stream_idle_timeout: float | None = None,
     ) -> None:
         self.upstream = upstream
         self.max_body_bytes = max_body_bytes
         self.forward_identity = forward_identity
+        self.forward_impersonation = forward_impersonation
         # Streams (logs -f, unshared watches) end cleanly after this long without a byte: a
         # silently dead upstream connection must not hold the client forever.
         self.stream_idle_timeout = stream_idle_timeout or None
@@ -59,7 +61,11 @@ class Forwarder:
         self, request: web.Request, *, verb: str, streaming: bool
     ) -> web.StreamResponse:
         body = await read_body(request, self.max_body_bytes)
-        headers = request_headers(request.headers, forward_identity=self.forward_identity)
+        headers = request_headers(
+            request.headers,
+            forward_identity=self.forward_identity,
+            forward_impersonation=self.forward_impersonation,
+        )
         forwarded_auth = forwarded_credential(request.headers, self.forward_identity)
         # raw_path is exactly what was checked by the path parser: forward those bytes.
         upstream_response = await self.upstream.open(

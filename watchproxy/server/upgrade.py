@@ -63,9 +63,12 @@ async def _pump(
 class WebSocketRelay:
     """Serves upgrade requests on pods/exec, pods/attach and pods/portforward."""
 
-    def __init__(self, upstream: Upstream, *, forward_identity: bool) -> None:
+    def __init__(
+        self, upstream: Upstream, *, forward_identity: bool, forward_impersonation: bool = False
+    ) -> None:
         self.upstream = upstream
         self.forward_identity = forward_identity
+        self.forward_impersonation = forward_impersonation
 
     async def relay(self, request: web.Request) -> web.StreamResponse:
         if not is_websocket(request):
@@ -79,7 +82,11 @@ class WebSocketRelay:
             for p in value.split(",")
             if p.strip()
         ]
-        headers = request_headers(request.headers, forward_identity=self.forward_identity)
+        headers = request_headers(
+            request.headers,
+            forward_identity=self.forward_identity,
+            forward_impersonation=self.forward_impersonation,
+        )
         for name in WEBSOCKET_HEADERS:
             headers.popall(name, None)
         forwarded_auth = forwarded_credential(request.headers, self.forward_identity)

@@ -60,8 +60,7 @@ class Upstream:
         self._clock = clock
         self._session: aiohttp.ClientSession | None = None
         self.connectivity: Connectivity | None = None
-        # Connections closed mid-response whose TLS shutdown is still under way (see close()).
-        self._closing: set[aiohttp.client_proto.ResponseHandler] = set()
+        self._connector: SerialConnector | None = None
 
     async def start(self) -> None:
         connector = SerialConnector(
@@ -73,6 +72,7 @@ class Upstream:
             limit=0,
             ttl_dns_cache=30,
         )
+        self._connector = connector
         self.metrics.count_upstream_connections(connector.open_connections)
         # auto_decompress off: bodies pass through byte for byte with their Content-Encoding.
         self._session = aiohttp.ClientSession(
@@ -90,33 +90,17 @@ class Upstream:
         """Close a response before its end (a watch or stream that is no longer wanted).
 
         Closing a TLS connection starts the TLS shutdown (close_notify both ways), which ends
-        later, in ``connection_lost``; the session no longer knows the connection, so
-        ``close()`` waits for these itself. Otherwise a transport can outlive the proxy's
-        ``stop()`` (a Go apiserver answers close_notify later than Python's ssl does).
+        later, in ``connection_lost``: ``close()`` waits for it (SerialConnector.wait_closed).
         """
-        connection = response.connection
-        protocol = connection.protocol if connection is not None else None
         response.close()
-        if protocol is not None and protocol.transport is not None:
-            self._closing.add(protocol)
 
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
             self._session = None
-        closing, self._closing = self._closing, set()
-        waits = [p.closed for p in closing if p.transport is not None]
-        pending = [w for w in waits if w is not None and not w.done()]
-        if pending:
-            _done, late = await asyncio.wait(pending, timeout=CLOSE_WAIT_SECONDS)
-            if late:  # the peer never finished the TLS shutdown: drop the connections
-                for protocol in closing:
-                    if protocol.transport is not None:
-                        protocol.transport.abort()
-                await asyncio.wait(late, timeout=CLOSE_WAIT_SECONDS)
-        for wait in waits:
-            if wait is not None and wait.done() and not wait.cancelled():
-                wait.exception()  # retrieved: a connection lost with an error is expected here
+        if self._connector is not None:
+            await self._connector.wait_closed(CLOSE_WAIT_SECONDS)
+            self._connector = None
         self.target.close()
 
     def _with_credential(

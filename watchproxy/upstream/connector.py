@@ -92,6 +92,33 @@ class SerialConnector(aiohttp.TCPConnector):
         """Connections this connector opened that are still open (in use or pooled)."""
         return sum(1 for protocol in list(self._dialed) if protocol.is_connected())
 
+    async def wait_closed(self, timeout: float) -> None:
+        """After ``close()``: wait until every connection this connector dialed is gone.
+
+        Mechanism: closing a TLS connection starts its shutdown (close_notify both ways); the
+        transport lives on until ``connection_lost``. ``close()`` awaits that only for the
+        connections still pooled or in use; those aiohttp closed earlier on release (a
+        response cut short, ``Connection: close``) are known to nobody, and a peer that is slow
+        to answer close_notify (the Go apiserver) leaves them open after the proxy stopped,
+        until the loop closes under them. The transport keeps its protocol alive while it
+        lives, so the weak set of dialed protocols still holds each of them. After
+        ``timeout``, stragglers are aborted (and waited for as long again).
+        """
+        closing = [
+            p.closed for p in list(self._dialed) if p.closed is not None and not p.closed.done()
+        ]
+        if closing:
+            _done, late = await asyncio.wait(closing, timeout=timeout)
+            if late:
+                for protocol in list(self._dialed):
+                    if protocol.transport is not None:
+                        protocol.transport.abort()
+                await asyncio.wait(late, timeout=timeout)
+        for protocol in list(self._dialed):
+            closed = protocol.closed
+            if closed is not None and closed.done() and not closed.cancelled():
+                closed.exception()  # retrieved: a connection lost with an error is expected
+
     async def _create_connection(self, req: Any, traces: Any, timeout: Any) -> Any:
         async with self._dialing:
             if self._is_down() and not PROBING.get():
