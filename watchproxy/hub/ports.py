@@ -77,6 +77,22 @@ class WatchSink(Protocol):
         """Write and flush; ``ConnectionError`` when the client has gone."""
         ...
 
+    def frame(self, data: bytes) -> bytes:
+        """``data`` as it goes on the wire (one HTTP chunk); the same for every sink."""
+        ...
+
+    def send_framed(self, framed: bytes) -> bool:
+        """Queue bytes from :meth:`frame` without waiting.
+
+        False when the client has gone or its write buffer is over the high-water mark after
+        this write: write nothing more until :meth:`drain` returns.
+        """
+        ...
+
+    async def drain(self) -> None:
+        """Until the write buffer is under its low-water mark; ``ConnectionError`` if gone."""
+        ...
+
     async def write_eof(self) -> None: ...
 
     def client_gone(self) -> bool: ...

@@ -23,6 +23,7 @@ from typing import Any
 
 from watchproxy.config import HubConfig
 from watchproxy.errors import UpstreamUnavailable
+from watchproxy.hub.fanout import Fanout
 from watchproxy.hub.fetcher import Fetcher
 from watchproxy.hub.machine import MachineConfig, Phase, SharedWatchMachine
 from watchproxy.hub.outcomes import (
@@ -124,6 +125,7 @@ class SharedWatch:
             clock=clock,
             took=self._took,
         )
+        self.fanout = Fanout(self.cache, metrics, key.resource_label, lambda: self.closed)
         self.subscribers = 0
         self.cursors: dict[int, int] = {}  # id(subscriber) -> its next seq, for lag and /debug
         self.failure: UpstreamRefused | None = None
@@ -154,6 +156,7 @@ class SharedWatch:
             self._waiters.discard(waiter)
 
     def _notify(self) -> None:
+        self.fanout.schedule()
         waiters, self._waiters = self._waiters, set()
         for waiter in waiters:
             _wake(waiter)

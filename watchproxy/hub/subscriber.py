@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from watchproxy.hub.cachetypes import StartPlan
+from watchproxy.hub.fanout import LiveCursor
 from watchproxy.hub.ports import WatchSink
 from watchproxy.hub.sharedwatch import SharedWatch
 from watchproxy.metrics import Metrics
@@ -86,6 +87,7 @@ class Subscriber:
         deadline = started + self.options.deadline_seconds
         next_bookmark = started + self.options.bookmark_interval
         first_line = True
+        live = LiveCursor(self.sink, cursor, start_rv, min_rv)
         try:
             if plan.initial:
                 lines = list(plan.initial)
@@ -132,7 +134,19 @@ class Subscriber:
                     continue
                 wake = min(deadline, next_bookmark if self.options.bookmarks else deadline)
                 timeout = min(max(0.0, wake - now), LIVENESS_POLL_SECONDS)
-                await self.shared.wait_change(timeout)
+                if first_line:
+                    # Its first line may need the Table fix-up: this one waits and writes itself.
+                    await self.shared.wait_change(timeout)
+                else:
+                    # Caught up: the key's fan-out writes for it until it is kicked or times
+                    # out (deadline, bookmark, liveness); then this loop resumes at its cursor,
+                    # so whatever the fan-out had not written yet goes out before a bookmark.
+                    live.cursor, live.min_rv = cursor, min_rv
+                    await self.shared.fanout.wait(live, timeout)
+                    cursor, min_rv = live.cursor, live.min_rv
+                    self.shared.cursors[me] = cursor
+                    if live.paused:
+                        await self._bounded(self.sink.drain())
                 if self.sink.client_gone():
                     self.ended_because = "client gone"
                     return

@@ -8,18 +8,49 @@ turns what the hub answers into aiohttp responses. The hub itself never sees aio
 from __future__ import annotations
 
 from aiohttp import web
+from aiohttp.abc import AbstractStreamWriter
 
 from watchproxy.hub.multiplexer import Hub, Refusal
 from watchproxy.kube.apipath import ApiPath
 from watchproxy.kube.watchquery import WatchQuery
 
 
-class ResponseSink:
-    """One client's prepared watch response."""
+def chunk(data: bytes) -> bytes:
+    """One HTTP/1.1 chunk, as aiohttp's chunked writer frames it."""
+    return b"%x\r\n" % len(data) + data + b"\r\n"
 
-    def __init__(self, request: web.Request, response: web.StreamResponse) -> None:
+
+class ResponseSink:
+    """One client's prepared watch response (chunked, uncompressed).
+
+    The hub's fan-out writes pre-framed chunks straight to the transport (``send_framed``);
+    aiohttp's writer is used for the rest (``write``, ``write_eof``) and for ``drain``, which
+    waits on the protocol's ``pause_writing``/``resume_writing``. Both go through the same
+    transport in call order, so the chunks stay in order.
+    """
+
+    def __init__(
+        self, request: web.Request, response: web.StreamResponse, writer: AbstractStreamWriter
+    ) -> None:
         self._request = request
         self._response = response
+        self._writer = writer
+        transport = request.transport
+        self._high = transport.get_write_buffer_limits()[1] if transport is not None else 0
+
+    frame = staticmethod(chunk)
+
+    def send_framed(self, framed: bytes) -> bool:
+        transport = self._request.transport
+        if transport is None or transport.is_closing():
+            return False
+        transport.write(framed)
+        return transport.get_write_buffer_size() <= self._high
+
+    async def drain(self) -> None:
+        if self.client_gone():
+            raise ConnectionResetError("the watch client has gone")
+        await self._writer.drain()
 
     async def write(self, data: bytes) -> None:
         try:
@@ -61,8 +92,10 @@ class _Starter:
         response.enable_chunked_encoding()
         response.headers["Cache-Control"] = "no-cache, private"
         self.response = response
-        await response.prepare(self._request)
-        return ResponseSink(self._request, response)
+        writer = await response.prepare(self._request)
+        if writer is None:  # pragma: no cover - prepare returns the writer it made
+            raise ConnectionResetError("the watch response was not prepared")
+        return ResponseSink(self._request, response, writer)
 
 
 class HubEndpoint:

@@ -1,0 +1,122 @@
+"""The key's fan-out: one write per batch per sink, backpressure, and the hand-back to a cursor.
+
+The sink is a fake of the port (``WatchSink``); the fan-out and the cache are the real ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from watchproxy.hub.fanout import Fanout, LiveCursor
+from watchproxy.hub.watchcache import WatchCache
+from watchproxy.kube.representation import JsonRepresentation
+from watchproxy.metrics import Metrics
+
+
+def pod(name: str, rv: int) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "ns", "resourceVersion": str(rv)}}
+
+
+class Sink:
+    """Records what was sent; ``room`` is how many more writes fit under the high-water mark."""
+
+    def __init__(self, room: int = 1_000_000) -> None:
+        self.sent: list[bytes] = []
+        self.room = room
+
+    def frame(self, data: bytes) -> bytes:
+        return data
+
+    def send_framed(self, framed: bytes) -> bool:
+        self.sent.append(framed)
+        self.room -= 1
+        return self.room > 0
+
+
+def make() -> tuple[WatchCache, Fanout, Metrics]:
+    cache = WatchCache(JsonRepresentation(), capacity=1000, max_age=1e9, clock=lambda: 0.0)
+    cache.replace([pod("a", 1)], "1")
+    metrics = Metrics()
+    return cache, Fanout(cache, metrics, "pods", lambda: False), metrics
+
+
+async def settle() -> None:
+    for _ in range(3):
+        await asyncio.sleep(0)
+
+
+async def test_events_of_one_iteration_reach_each_sink_as_one_write() -> None:
+    cache, fanout, metrics = make()
+    sinks = [Sink() for _ in range(5)]
+    lives = [LiveCursor(s, cache.next_seq, -1, -1) for s in sinks]  # type: ignore[arg-type]
+    waits = [asyncio.create_task(fanout.wait(live, 5.0)) for live in lives]
+    await settle()
+    lines = []
+    for rv in range(2, 12):
+        event = cache.apply("MODIFIED", pod("a", rv))
+        assert event is not None
+        lines.append(event.line)
+        fanout.schedule()
+    await settle()
+    for sink in sinks:
+        assert sink.sent == [b"".join(lines)]
+    assert len(fanout) == 5 and not any(w.done() for w in waits)
+    sent = metrics.events_sent.labels("pods")._value.get()
+    assert sent == 10 * 5
+    for task in waits:
+        task.cancel()
+    await asyncio.gather(*waits, return_exceptions=True)
+    assert len(fanout) == 0
+
+
+async def test_a_full_sink_is_kicked_and_resumes_from_its_cursor_without_loss() -> None:
+    cache, fanout, _ = make()
+    slow, fast = Sink(room=2), Sink()
+    slow_live = LiveCursor(slow, cache.next_seq, -1, -1)  # type: ignore[arg-type]
+    fast_live = LiveCursor(fast, cache.next_seq, -1, -1)  # type: ignore[arg-type]
+    fast_wait = asyncio.create_task(fanout.wait(fast_live, 5.0))
+    slow_wait = asyncio.create_task(fanout.wait(slow_live, 5.0))
+    await settle()
+    expected = []
+    for rv in range(2, 8):
+        event = cache.apply("MODIFIED", pod("a", rv))
+        assert event is not None
+        expected.append(event.line)
+        fanout.schedule()
+        await settle()
+    # Over its high-water mark after the 2nd write: kicked, and nothing more written to it.
+    assert slow_wait.done() and slow_live.paused
+    assert len(slow.sent) == 2
+    assert b"".join(fast.sent) == b"".join(expected)
+    # Its task reads the rest from the shared history at its own cursor, then parks again.
+    rest = cache.events_from(slow_live.cursor)
+    assert rest is not None
+    slow.sent.append(b"".join(e.line for e in rest))
+    slow_live.cursor = rest[-1].seq + 1
+    slow.room = 100
+    slow_wait = asyncio.create_task(fanout.wait(slow_live, 5.0))
+    await settle()
+    event = cache.apply("MODIFIED", pod("a", 99))
+    assert event is not None
+    expected.append(event.line)
+    fanout.schedule()
+    await settle()
+    assert b"".join(slow.sent) == b"".join(expected)
+    assert b"".join(fast.sent) == b"".join(expected)
+    for task in (fast_wait, slow_wait):
+        task.cancel()
+    await asyncio.gather(fast_wait, slow_wait, return_exceptions=True)
+
+
+async def test_a_closed_key_wakes_every_parked_cursor() -> None:
+    cache, _, metrics = make()
+    closed = False
+    fanout = Fanout(cache, metrics, "pods", lambda: closed)
+    live = LiveCursor(Sink(), cache.next_seq, -1, -1)  # type: ignore[arg-type]
+    wait = asyncio.create_task(fanout.wait(live, 5.0))
+    await settle()
+    closed = True
+    fanout.schedule()
+    await asyncio.wait_for(wait, 1.0)
+    assert len(fanout) == 0
