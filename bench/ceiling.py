@@ -28,7 +28,7 @@ class Broadcast:
         self.upstream = upstream
         self.token = token
         self.ssl = ssl_context
-        self.clients: list[web.StreamResponse] = []
+        self.clients: list[web.Request] = []
         self.task: asyncio.Task[None] | None = None
         self.session: aiohttp.ClientSession | None = None
 
@@ -37,14 +37,14 @@ class Broadcast:
         response.content_type = "application/json"
         response.enable_chunked_encoding()
         await response.prepare(request)
-        self.clients.append(response)
+        self.clients.append(request)
         if self.task is None:
             self.task = asyncio.create_task(self._pump(request.path_qs))
         try:
             await asyncio.Event().wait()  # until the client goes (handler cancellation)
         finally:
-            if response in self.clients:
-                self.clients.remove(response)
+            if request in self.clients:
+                self.clients.remove(request)
             if not self.clients and self.task is not None:
                 task, self.task = self.task, None
                 task.cancel()
@@ -79,19 +79,19 @@ class Broadcast:
                 await writer
 
     async def _write_all(self, pending: list[bytes], wake: asyncio.Event) -> None:
-        # Whatever arrived while the previous round was being written goes out as one write
-        # per client: the same batching a lagging watchproxy subscriber gets from its cursor.
+        # The raw-write floor: whatever arrived while the previous round was being written
+        # is framed as one HTTP chunk once and written to every client's transport, no await
+        # and no per-client framing (a client over its buffer simply buffers more).
         while True:
             await wake.wait()
             wake.clear()
             data = b"".join(pending)
             pending.clear()
-            for client in list(self.clients):
-                try:
-                    await client.write(data)
-                except (ConnectionError, RuntimeError):
-                    if client in self.clients:
-                        self.clients.remove(client)
+            framed = b"%x\r\n" % len(data) + data + b"\r\n"
+            for request in self.clients:
+                transport = request.transport
+                if transport is not None and not transport.is_closing():
+                    transport.write(framed)
 
 
 async def main() -> None:

@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-MODES = ("direct", "proxy", "ceiling")
+MODES = ("direct", "proxy", "kubectl", "ceiling")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -44,6 +44,7 @@ class Child:
         self.name = name
         self.log_path = os.path.join(workdir, f"{name}.log")
         self.process: asyncio.subprocess.Process | None = None
+        self.cpu_pid: int | None = None  # whose CPU to read, when not the role process's own
 
     async def start(self, module: str, *args: str, timeout: float = 60.0) -> dict[str, Any]:
         with open(self.log_path, "ab") as log:
@@ -84,8 +85,9 @@ class Child:
         """User + system CPU time so far (Linux /proc; 0 elsewhere)."""
         if self.process is None:
             return 0.0
+        pid = self.cpu_pid or self.process.pid
         try:
-            with open(f"/proc/{self.process.pid}/stat", encoding="ascii") as handle:
+            with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
                 fields = handle.read().rsplit(")", 1)[1].split()
         except OSError:
             return 0.0
@@ -164,6 +166,7 @@ class Bench:
         self.fake = Child("fake", workdir)
         self.proxy = Child("proxy", workdir)
         self.ceiling = Child("ceiling", workdir)
+        self.kubectl = Child("kubectl", workdir)
         self.fake_info: dict[str, Any] = {}
         self.urls: dict[str, str] = {}
         self.cell_no = 0
@@ -191,9 +194,16 @@ class Bench:
             "proxy": f"http://127.0.0.1:{proxy_info['port']}{path}",
             "ceiling": f"http://127.0.0.1:{ceiling_info['port']}{path}",
         }
+        if "kubectl" in a.modes:
+            kubectl_args = ["--kubeconfig", self.fake_info["kubeconfig"]]
+            kubectl_info = await self.kubectl.start("bench.kubectlproxy", *kubectl_args)
+            self.kubectl.cpu_pid = kubectl_info["pid"]
+            self.urls["kubectl"] = f"http://127.0.0.1:{kubectl_info['port']}{path}"
 
     async def stop(self) -> None:
-        await asyncio.gather(self.ceiling.stop(), self.proxy.stop(), return_exceptions=True)
+        await asyncio.gather(
+            self.ceiling.stop(), self.proxy.stop(), self.kubectl.stop(), return_exceptions=True
+        )
         await self.fake.stop()
 
     async def _quiet_upstream(self) -> dict[str, Any]:
@@ -261,7 +271,7 @@ class Bench:
         return cell
 
     def _cpu(self, mode: str, subs: list[tuple[Child, str]]) -> dict[str, float]:
-        server = {"proxy": self.proxy, "ceiling": self.ceiling}.get(mode)
+        server = {"proxy": self.proxy, "ceiling": self.ceiling, "kubectl": self.kubectl}.get(mode)
         return {
             "fake": self.fake.cpu_seconds(),
             "server": server.cpu_seconds() if server is not None else 0.0,
@@ -309,6 +319,42 @@ def _cpu_text(c: Cell) -> str:
     )
 
 
+def server_us_per_event(c: Cell) -> float | None:
+    """The serving process's CPU per event delivered to a subscriber, in microseconds."""
+    if c.mode == "direct" or c.delivered <= 0:
+        return None
+    return 1e6 * c.cpu_seconds.get("server", 0.0) / c.delivered
+
+
+def _per_event(c: Cell) -> str:
+    value = server_us_per_event(c)
+    return "-" if value is None else f"{value:.1f}"
+
+
+def ratios(cells: list[Cell]) -> list[str]:
+    """Issue 13's "done when" figures, per phase and count, where the cells to compare ran."""
+    out: list[str] = []
+    by_key = {(c.phase, c.subscribers, c.mode): c for c in cells}
+    for (phase, count, mode), c in by_key.items():
+        if mode != "proxy":
+            continue
+        kubectl = by_key.get((phase, count, "kubectl"))
+        ceiling = by_key.get((phase, count, "ceiling"))
+        parts = []
+        if kubectl is not None and kubectl.p99_ms > 0 and kubectl.seconds > 0:
+            cpu_k = kubectl.cpu_seconds.get("server", 0.0) / kubectl.seconds
+            cpu_p = c.cpu_seconds.get("server", 0.0) / c.seconds if c.seconds else 0.0
+            parts.append(f"p99 {c.p99_ms / kubectl.p99_ms:.2f}x kubectl proxy")
+            if cpu_k > 0:
+                parts.append(f"CPU {cpu_p / cpu_k:.2f}x kubectl proxy")
+        mine, floor = server_us_per_event(c), ceiling and server_us_per_event(ceiling)
+        if mine is not None and floor:
+            parts.append(f"CPU/event {mine / floor:.2f}x raw-write ceiling")
+        if parts:
+            out.append(f"{phase} {count:>5}: watchproxy " + ", ".join(parts))
+    return out
+
+
 def saturated(c: Cell) -> bool:
     """A paced cell that could not keep up: its latencies are queueing, not transit."""
     return c.phase == "paced" and c.events_per_s_per_sub < 0.95 * c.rate
@@ -330,7 +376,7 @@ def render(cells: list[Cell]) -> str:
         header = (
             f"{'subs':>5} {'mode':<8} {'upW':>4} {'events/s':>9} {'per sub':>8} "
             f"{'p50 ms':>8} {'p99 ms':>8} {'+p50 ms':>8} {'+p99 ms':>8} {'/ceil':>5} "
-            f"{'lost':>4}  cpu% fake/srv/subs"
+            f"{'lost':>4} {'srv us/ev':>9}  cpu% fake/srv/subs"
         )
         lines += [header, "-" * len(header)]
         for count in dict.fromkeys(c.subscribers for c in cells if c.phase == phase):
@@ -353,13 +399,17 @@ def render(cells: list[Cell]) -> str:
                     f"{c.subscribers:>5} {c.mode:<8} {c.upstream_watches:>4} "
                     f"{c.events_per_s:>9.0f} {c.events_per_s_per_sub:>8.1f} "
                     f"{c.p50_ms:>8.2f} {c.p99_ms:>8.2f} {added50:>8} {added99:>8} {ratio:>5} "
-                    f"{lost:>4}  {_cpu_text(c)}{flag}"
+                    f"{lost:>4} {_per_event(c):>9}  {_cpu_text(c)}{flag}"
                 )
+    summary = ratios(cells)
+    if summary:
+        lines += ["", *summary]
     if any(saturated(c) for c in cells):
         lines.append("\n* fell behind the paced rate (delivered < 95 % of it): saturated")
     lines.append(
         "upW = watches open on the fake apiserver; +p50/+p99 = minus direct at the same count; "
-        "/ceil = throughput / raw broadcast ceiling"
+        "/ceil = throughput / raw broadcast ceiling; srv us/ev = serving process CPU per "
+        "delivered event"
     )
     return "\n".join(lines)
 
@@ -373,7 +423,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rate", type=float, help="events/s in the paced phase (default 50)")
     parser.add_argument("--max-events", type=int, help="events per max cell (default 2x events)")
     parser.add_argument("--phases", default="paced,max", help="paced, max or both (default)")
-    parser.add_argument("--modes", default=",".join(MODES), help="subset of direct,proxy,ceiling")
+    parser.add_argument(
+        "--modes", default="direct,proxy,ceiling", help="subset of direct,proxy,kubectl,ceiling"
+    )
+    parser.add_argument(
+        "--kubectl-proxy", action="store_true", help="add kubectl proxy (kubectl on PATH)"
+    )
     parser.add_argument(
         "--quick", action="store_true", help="1,10,100 subscribers, 150 events at 100/s (< 60 s)"
     )
@@ -393,8 +448,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.max_events = args.max_events or 2 * args.events
     args.phases = [p for p in args.phases.split(",") if p]
     args.modes = [m for m in args.modes.split(",") if m]
+    if args.kubectl_proxy and "kubectl" not in args.modes:
+        args.modes.append("kubectl")
     if not args.modes or not all(m in MODES for m in args.modes):
-        parser.error("--modes takes direct, proxy and/or ceiling")
+        parser.error("--modes takes direct, proxy, kubectl and/or ceiling")
     if args.profile_proxy:
         args.profile_proxy = os.path.abspath(args.profile_proxy)
     if not all(p in ("paced", "max") for p in args.phases):
@@ -404,9 +461,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def _loadavg() -> str:
+    try:
+        with open("/proc/loadavg", encoding="ascii") as handle:
+            return " ".join(handle.read().split()[:3])
+    except OSError:
+        return "?"
+
+
 async def run(args: argparse.Namespace, argv: list[str]) -> list[Cell]:
     cells: list[Cell] = []
     started = time.monotonic()
+    load_before = _loadavg()
     with tempfile.TemporaryDirectory(prefix="bench-fanout-") as workdir:
         bench = Bench(args, workdir)
         try:
@@ -429,6 +495,7 @@ async def run(args: argparse.Namespace, argv: list[str]) -> list[Cell]:
             await bench.stop()
     elapsed = time.monotonic() - started
     print(render(cells))
+    print(f"loadavg before {load_before}, after {_loadavg()} (the machine is shared)")
     print(f"\n{len(cells)} cells in {elapsed:.0f}s; command: {shlex.join(argv)}")
     if args.json:
         document = {
