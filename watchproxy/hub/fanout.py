@@ -94,11 +94,6 @@ class Fanout:
         if self._handle is None and self._groups:
             self._handle = asyncio.get_running_loop().call_soon(self._pass)
 
-    def cancel(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
-
     def _pass(self) -> None:
         self._handle = None
         groups, self._groups = self._groups, {}
