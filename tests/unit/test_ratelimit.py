@@ -459,6 +459,76 @@ async def test_one_flow_alone_keeps_the_whole_budget_in_arrival_order() -> None:
     assert entered == [(0, 0.0), (1, 0.0), (2, 0.5), (3, 1.0), (4, 1.5), (5, 2.0)]
 
 
+async def test_a_light_flow_finds_a_token_at_once_beside_a_backlogged_one() -> None:
+    # The bench.fairness situation: a noisy flow keeps a backlog; without the reserve every quiet
+    # request waited for the next token (up to 1/qps) although it was served next.
+    time = VirtualTime()
+    limiter = limiter_with(time, qps=50.0, burst=100)
+    assert limiter.reserve == 5
+    noisy: list[float] = []
+    quiet_waits: list[float] = []
+
+    async def noisy_request() -> None:
+        with flow("noisy"):
+            async with limiter.slot():
+                noisy.append(time.now)
+
+    async def quiet_request(at: float) -> None:
+        with flow(f"quiet-{at}"):
+            await time.sleep(at)
+            async with limiter.slot():
+                quiet_waits.append(time.now - at)
+
+    arrivals = [3.0 + 0.1037 * i for i in range(40)]  # not aligned with the token clock
+    await time.run(*(noisy_request() for _ in range(400)), *map(quiet_request, arrivals))
+    assert quiet_waits == [0.0] * 40
+    # Throughput kept: the bucket ran at qps throughout; the reserve cost the backlog its own
+    # size once (5 tokens = 0.1 s) and the quiet requests their 40 tokens.
+    assert (400 - 100 + 40) / 50.0 <= max(noisy) <= (400 - 100 + 40 + 5) / 50.0
+
+
+async def test_light_flows_cannot_starve_a_backlogged_one() -> None:
+    # Ten clients at 10 requests a second each ask for twice the qps: each of them is light (never
+    # two waiting), the noisy one is backlogged. It must still get a fair share, not only what
+    # the reserve rule leaves over.
+    time = VirtualTime()
+    limiter = limiter_with(time, qps=50.0, burst=10)
+    noisy: list[float] = []
+
+    async def noisy_request() -> None:
+        with flow("noisy"):
+            async with limiter.slot():
+                noisy.append(time.now)
+
+    async def light_request(number: int) -> None:
+        with flow(number % 10):
+            await time.sleep(number / 100.0)
+            async with limiter.slot():
+                pass
+
+    await time.run(*(noisy_request() for _ in range(200)), *map(light_request, range(300)))
+    share = 50.0 / 11
+    assert sum(0.5 <= t < 3.0 for t in noisy) >= 0.8 * 2.5 * share
+
+
+async def test_a_flow_alone_pays_the_reserve_once() -> None:
+    time = VirtualTime()
+    limiter = limiter_with(time, qps=50.0, burst=10)
+    entered: list[float] = []
+
+    async def request() -> None:
+        with flow("only"):
+            async with limiter.slot():
+                entered.append(time.now)
+
+    await time.run(*(request() for _ in range(40)))
+    assert entered[:10] == [0.0] * 10
+    assert entered[10] == pytest.approx(limiter.reserve / 50.0)
+    # After that one pause the backlog drains at qps, the reserve left in the bucket until the
+    # last request (nothing else of its flow waiting) may take it.
+    assert 30 / 50.0 <= entered[-1] <= (30 + limiter.reserve) / 50.0
+
+
 async def test_max_wait_refuses_the_noisy_flow_not_the_quiet_one() -> None:
     time = VirtualTime()
     limiter = limiter_with(time, qps=10.0, burst=1, max_wait=1.0)

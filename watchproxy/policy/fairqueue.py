@@ -76,21 +76,36 @@ class FairQueue:
     def waiting_flows(self) -> int:
         return len(self._waiting)
 
+    def waiting_of(self, key: Hashable) -> int:
+        """How many requests of ``key`` wait."""
+        return self._waiting[key]
+
     def ahead_of_new(self, key: Hashable) -> int:
         """How many queued requests a new request of ``key`` would queue behind."""
         start = max(self._virtual, self._finish.get(key, self._virtual))
         return bisect.bisect_right(self._queue, start, key=lambda turn: turn.start)
 
     def join(self, key: Hashable) -> Turn:
+        turn = Turn(self._charge(key), next(self._sequence), key)
+        bisect.insort(self._queue, turn)
+        self._waiting[key] += 1
+        return turn
+
+    def served_without_waiting(self, key: Hashable) -> None:
+        """A request of ``key`` was served without joining: it uses up the flow's turn all the
+        same (an empty queue's virtual time moves to it, as a join and a served leave would)."""
+        start = self._charge(key)
+        if not self._queue:
+            self._virtual = max(self._virtual, start)
+
+    def _charge(self, key: Hashable) -> int:
+        """The start tag of ``key``'s next request, its finish tag recorded."""
         start = max(self._virtual, self._finish.get(key, self._virtual))
         self._finish[key] = start + 1
         self._finish.move_to_end(key)
         while len(self._finish) > self.max_flows:
             self._finish.popitem(last=False)
-        turn = Turn(start, next(self._sequence), key)
-        bisect.insort(self._queue, turn)
-        self._waiting[key] += 1
-        return turn
+        return start
 
     def is_first(self, turn: Turn) -> bool:
         return bool(self._queue) and self._queue[0] is turn

@@ -28,6 +28,10 @@ MAX_RETRY_AFTER = 600.0
 # Below this a wait for the next token is rounding, not rate limiting.
 _TOKEN_SLACK = 1e-6
 
+# The light-flow reserve, in seconds of refill: tokens that a flow with a backlog leaves in the
+# bucket for requests of flows that have none (see UpstreamLimiter).
+LIGHT_RESERVE_SECONDS = 0.1
+
 _SECONDS_RE = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)", re.ASCII)
 
 
@@ -162,7 +166,17 @@ class UpstreamLimiter:
       unlimited);
     - at most ``max_concurrent`` bodies run at once (0 = unlimited);
     - tokens and concurrency slots go to waiting requests in :class:`FairQueue` order: first come
-      first served within a flow (:func:`flow`), in turn between flows.
+      first served within a flow (:func:`flow`), in turn between flows;
+    - a *light* request (its flow has nothing else waiting) finds a token at once while any flow
+      is backlogged: the first waiter of a flow with a backlog takes a token only when it leaves
+      ``reserve`` tokens behind (``qps`` x 0.1 s, at most half the burst), and waits for that no
+      longer than ``reserve / qps`` after it became first, so light flows cannot starve it.
+
+    Why the reserve: with start-time fair queueing alone, a client looping on LISTs keeps the
+    bucket empty, so every other client's request waits for the next token (up to ``1/qps``,
+    20 ms at 50 qps) even though it is served next; measured, that doubled the quiet clients'
+    p99. The reserve is refilled at the same rate the backlog drains it, so throughput is
+    unchanged; a flow alone pays ``reserve / qps`` once, when its backlog starts.
 
     With ``max_wait`` (per call, or the constructor default) a request that would wait longer
     raises :class:`~watchproxy.errors.TooManyRequests` carrying ``retry_after`` instead of
@@ -192,6 +206,11 @@ class UpstreamLimiter:
         self._bucket = TokenBucket(qps, burst, clock())
         self._gate = RetryAfterGate()
         self._queue = FairQueue()
+        self.reserve = (
+            0 if self._bucket.unlimited else min(burst // 2, round(qps * LIGHT_RESERVE_SECONDS))
+        )
+        # True while the first waiter sleeps only to leave the reserve: light requests may pass.
+        self._head_holds_reserve = False
         self._busy = 0
         self.max_concurrent = max_concurrent
         self.default_max_wait = max_wait
@@ -263,15 +282,24 @@ class UpstreamLimiter:
                 self._check_budget(started, budget, needed / self._bucket.rate, "rate limit")
         if budget is not None and not self._has_room() and budget - (self._clock() - started) <= 0:
             self._refuse(1.0, "too many concurrent upstream requests")
+        if self._may_pass(key):
+            self._bucket.reserve(self._clock())
+            self._busy += 1
+            self._queue.served_without_waiting(key)
+            return False
         turn = self._queue.join(key)
         served = False
         waited = False
+        first_since: float | None = None
         try:
             while True:
                 if self._queue.is_first(turn):
                     now = self._clock()
+                    if first_since is None:
+                        first_since = now
                     wait = self._bucket.time_until(now)
-                    if wait <= _TOKEN_SLACK and self._has_room():
+                    reserve_wait = self._reserve_wait(key, now, first_since)
+                    if wait <= _TOKEN_SLACK and not reserve_wait and self._has_room():
                         # Having slept for the token, it is ours even if float arithmetic left
                         # it a hair short: reserve it rather than sleep for nothing again.
                         self._bucket.reserve(now)
@@ -279,14 +307,35 @@ class UpstreamLimiter:
                         served = True
                         return waited
                     waited = True
+                    wait = max(wait, reserve_wait)
                     if wait > 0:
                         self._check_budget(started, budget, wait, "client-side rate limit")
-                        await self._sleep(wait)
+                        self._head_holds_reserve = reserve_wait > 0
+                        try:
+                            await self._sleep(wait)
+                        finally:
+                            self._head_holds_reserve = False
                         continue
                 waited = True
                 await self._wait_turn(turn, started, budget)
         finally:
             self._queue.leave(turn, served=served)
+
+    def _may_pass(self, key: Hashable) -> bool:
+        """A light request takes a token at once: nobody waits, or only for the reserve."""
+        if self._queue.waiting_of(key) or not self._has_room():
+            return False
+        if len(self._queue) and not self._head_holds_reserve:
+            return False
+        return self._bucket.time_until(self._clock()) <= _TOKEN_SLACK
+
+    def _reserve_wait(self, key: Hashable, now: float, first_since: float) -> float:
+        """How long the first waiter of ``key`` waits to leave the reserve (0: it need not)."""
+        if not self.reserve or self._queue.waiting_of(key) < 2:
+            return 0.0
+        limit = first_since + self.reserve / self._bucket.rate - now
+        wait = min(limit, self._bucket.time_until(now, 1 + self.reserve))
+        return 0.0 if wait <= _TOKEN_SLACK else wait
 
     async def _wait_turn(self, turn: Turn, started: float, budget: float | None) -> None:
         """Until this turn may look again: it became first, or a concurrency slot came free."""
