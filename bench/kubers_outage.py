@@ -2,6 +2,7 @@
 down, straight and through watchproxy?
 
     .venv/bin/python -m bench.kubers_outage [--outage 30] [--watchers 20] [--only direct|watchproxy]
+    .venv/bin/python -m bench.kubers_outage --real   # a real kube-apiserver, really stopped
 
 The watchers are one ``kubewatch --backoff none --watchers N`` process (tests/clients/rust,
 built by ``python -m tests.clients.build_rust_node``): N kube-rs watchers on the pods of one
@@ -10,6 +11,17 @@ the kube-rs issue "Add backoff to watcher reconnection". The fake apiserver (TLS
 runs in this process in "reset" outage mode: it accepts every TCP connection and resets it at
 once, counting it, so every attempt to reach it is seen. Its accept loop is Python: the direct
 count is what it could accept, a floor for what a real apiserver would see.
+
+With ``--real`` the apiserver is a real kube-apiserver with etcd (tests/realapi/kubetestenv,
+built by ``bash tests/realapi/build.sh``) behind a loopback TCP relay that both routes go
+through and that counts every connection it accepts. For the outage the apiserver process is
+stopped (SIGTERM), left down for ``--outage`` seconds and started again on the same state
+(etcd data, port, credentials); the relay accepts and resets each connection meanwhile, so the
+count is every attempt made until the restarted apiserver is ready. The pods "during" the
+outage are created the moment it is back (nothing can be written while it is down); the
+restarted watch cache has no history, so resuming watches get 410 Expired: straight, kube-rs
+relists; through watchproxy, the hub relists and clients get the missed pods as events.
+Recovery is counted in connections, not requests (the relay sees no HTTP).
 
 Both runs: every watcher lists and watches, then the apiserver goes down for ``--outage``
 seconds with pods created during it, comes back, one more pod is created, and every watcher
@@ -31,13 +43,18 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
 
 from kubefake import FakeApiServer
 from watchproxy.kube.kubeconfig import render_kubeconfig
+
+if TYPE_CHECKING:
+    from tests.realapi.fixture import RealApiServer
+    from tests.realapi.kubeapi import TcpRelay
 
 NAMESPACE = "default"
 SEED_PODS = 5
@@ -127,18 +144,119 @@ async def stop(process: asyncio.subprocess.Process) -> None:
         await process.wait()
 
 
+class Target(Protocol):
+    """The apiserver a run points the watchers at, and how it goes down and comes back."""
+
+    writable_while_down: bool
+    load_unit: str  # what ``load()`` counts: requests (the fake) or connections (the relay)
+
+    def kubeconfig(self, path: Path) -> str: ...
+    async def create(self, name: str) -> None: ...
+    async def go_down(self) -> None: ...
+    async def come_back(self) -> None: ...
+    def attempts(self) -> int: ...
+    def load(self) -> int: ...
+
+
+class FakeTarget:
+    """The fake apiserver in "reset" outage mode (accepts every connection and resets it)."""
+
+    writable_while_down = True
+    load_unit = "requests"
+
+    def __init__(self, fake: FakeApiServer) -> None:
+        self.fake = fake
+
+    def kubeconfig(self, path: Path) -> str:
+        return self.fake.write_kubeconfig(str(path))
+
+    async def create(self, name: str) -> None:
+        self.fake.store.create("pods", NAMESPACE, pod(name))
+
+    async def go_down(self) -> None:
+        self.fake.stats.reset()
+        await self.fake.faults.outage("reset")
+
+    async def come_back(self) -> None:
+        await self.fake.faults.recover()
+
+    def attempts(self) -> int:
+        return self.fake.stats.outage_connection_attempts
+
+    def load(self) -> int:
+        return len(self.fake.stats.requests)
+
+
+class RealTarget:
+    """A real kube-apiserver behind a counting relay; down means its process is stopped."""
+
+    writable_while_down = False
+    load_unit = "connections"
+
+    def __init__(self, real: RealApiServer, relay: TcpRelay, session: aiohttp.ClientSession):
+        self.real = real
+        self.relay = relay
+        self.session = session
+        self._down_at = 0
+
+    def kubeconfig(self, path: Path) -> str:
+        return self.real.write_kubeconfig(path, token=self.real.token, server=self.relay.url)
+
+    async def create(self, name: str) -> None:
+        # Straight to the apiserver's own port: the relay counts only what the watchers do.
+        async with self.session.post(
+            f"{self.real.url}/api/v1/namespaces/{NAMESPACE}/pods",
+            json={"apiVersion": "v1", "kind": "Pod", **pod(name)},
+            headers=self.real.auth(),
+            ssl=self.real.ssl_context(),
+        ) as response:
+            if response.status != 201:
+                raise RuntimeError(f"creating {name}: {response.status} {await response.text()}")
+
+    async def go_down(self) -> None:
+        self._down_at = self.relay.accepted
+        await asyncio.to_thread(self.real.stop)
+
+    async def come_back(self) -> None:
+        from tests.realapi.fixture import start_kubetestenv
+
+        real = self.real
+        self.real = await asyncio.to_thread(
+            start_kubetestenv, real.dir, port=real.port, etcd_port=real.etcd_port
+        )
+
+    def attempts(self) -> int:
+        return self.relay.accepted - self._down_at
+
+    def load(self) -> int:
+        return self.relay.accepted
+
+
 async def scenario(
-    route: str, *, outage: float, watchers: int, kubewatch: Path, workdir: Path | None = None
+    route: str,
+    *,
+    outage: float,
+    watchers: int,
+    kubewatch: Path,
+    workdir: Path | None = None,
+    real: bool = False,
 ) -> dict[str, Any]:
-    """One run, ``route`` "direct" or "watchproxy"; returns the counts and the verdict.
-    kubewatch's output stays in ``workdir`` (a new temporary directory if None)."""
+    """One run, ``route`` "direct" or "watchproxy", against the fake apiserver or (``real``)
+    a real one; returns the counts and the verdict. kubewatch's output stays in ``workdir``
+    (a new temporary directory if None)."""
     if workdir is None:
         workdir = Path(tempfile.mkdtemp(prefix=f"kubers-{route}-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    async with FakeApiServer(bookmark_interval=1.0) as fake:
+    async with contextlib.AsyncExitStack() as stack:
+        target: Target
+        if real:
+            target = await stack.enter_async_context(real_target(workdir))
+        else:
+            fake = await stack.enter_async_context(FakeApiServer(bookmark_interval=1.0))
+            target = FakeTarget(fake)
         for i in range(SEED_PODS):
-            fake.store.create("pods", NAMESPACE, pod(f"seed-{i}"))
-        upstream = fake.write_kubeconfig(str(workdir / "upstream.kubeconfig"))
+            await target.create(f"seed-{i}")
+        upstream = target.kubeconfig(workdir / "upstream.kubeconfig")
         proxy: asyncio.subprocess.Process | None = None
         kubeconfig = upstream
         if route == "watchproxy":
@@ -158,7 +276,7 @@ async def scenario(
                     stderr=err,
                 )
             try:
-                result = await _run(fake, out, route, outage=outage, watchers=watchers)
+                result = await _run(target, out, route, outage=outage, watchers=watchers)
             finally:
                 await stop(client)
         finally:
@@ -175,8 +293,25 @@ async def scenario(
     return result
 
 
+@contextlib.asynccontextmanager
+async def real_target(workdir: Path) -> AsyncIterator[RealTarget]:
+    from tests.realapi.fixture import start_kubetestenv
+    from tests.realapi.kubeapi import TcpRelay
+
+    real = await asyncio.to_thread(start_kubetestenv, workdir / "kubetestenv")
+    try:
+        async with TcpRelay(real.port) as relay, aiohttp.ClientSession() as session:
+            target = RealTarget(real, relay, session)
+            try:
+                yield target
+            finally:
+                real = target.real
+    finally:
+        await asyncio.to_thread(real.stop)
+
+
 async def _run(
-    fake: FakeApiServer, out: Output, route: str, *, outage: float, watchers: int
+    target: Target, out: Output, route: str, *, outage: float, watchers: int
 ) -> dict[str, Any]:
     # Every watcher listed, then a probe pod reaches every one: all watches are open.
     await until(
@@ -184,24 +319,27 @@ async def _run(
         timeout=30,
         what="every watcher's first list",
     )
-    fake.store.create("pods", NAMESPACE, pod("probe"))
+    await target.create("probe")
     await until(
         lambda: all("probe" in out.applied(w) for w in range(watchers)) if out.read() else False,
         timeout=30,
         what="every watcher to see the probe pod",
     )
-    fake.stats.reset()
-    await fake.faults.outage("reset")
+    await target.go_down()
     started = time.monotonic()
-    for i in range(DURING_PODS):
-        fake.store.create("pods", NAMESPACE, pod(f"during-{i}"))
+    if target.writable_while_down:
+        for i in range(DURING_PODS):
+            await target.create(f"during-{i}")
     await asyncio.sleep(outage)
-    attempts = fake.stats.outage_connection_attempts
+    await target.come_back()
+    attempts = target.attempts()
     outage_seconds = time.monotonic() - started
-    await fake.faults.recover()
     recovered = time.monotonic()
-    requests_before = len(fake.stats.requests)
-    fake.store.create("pods", NAMESPACE, pod("after"))
+    if not target.writable_while_down:
+        for i in range(DURING_PODS):
+            await target.create(f"during-{i}")
+    load_before = target.load()
+    await target.create("after")
     await until(
         lambda: all("after" in out.applied(w) for w in range(watchers)) if out.read() else False,
         timeout=60,
@@ -212,7 +350,7 @@ async def _run(
         "watchers": watchers,
         "outage_seconds": round(outage_seconds, 1),
         "connection_attempts_during_outage": attempts,
-        "requests_during_recovery": len(fake.stats.requests) - requests_before,
+        f"{target.load_unit}_during_recovery": target.load() - load_before,
         "recovery_seconds": round(time.monotonic() - recovered, 1),
     }
 
@@ -226,17 +364,24 @@ async def main(args: argparse.Namespace) -> int:
         if args.only and args.only != route:
             continue
         results.append(
-            await scenario(route, outage=args.outage, watchers=args.watchers, kubewatch=kubewatch)
+            await scenario(
+                route,
+                outage=args.outage,
+                watchers=args.watchers,
+                kubewatch=kubewatch,
+                real=args.real,
+            )
         )
     print(json.dumps(results, indent=2))
+    unit = "connections" if args.real else "requests"
     print(
-        f"{'route':<12}{'attempts':>10}{'recovery reqs':>15}{'recovery s':>12}"
+        f"{'route':<12}{'attempts':>10}{'recovery ' + unit[:4] + 's':>15}{'recovery s':>12}"
         f"{'kube-rs errors':>16}  complete"
     )
     for r in results:
         print(
             f"{r['route']:<12}{r['connection_attempts_during_outage']:>10}"
-            f"{r['requests_during_recovery']:>15}{r['recovery_seconds']:>12}"
+            f"{r[unit + '_during_recovery']:>15}{r['recovery_seconds']:>12}"
             f"{r['kube_rs_errors']:>16}  "
             f"{r['every_watcher_got_every_pod_once_in_order']}"
         )
@@ -249,4 +394,5 @@ if __name__ == "__main__":
     parser.add_argument("--outage", type=float, default=30.0)
     parser.add_argument("--watchers", type=int, default=20)
     parser.add_argument("--only", choices=("direct", "watchproxy"))
+    parser.add_argument("--real", action="store_true", help="a real kube-apiserver, stopped")
     sys.exit(asyncio.run(main(parser.parse_args())))

@@ -195,6 +195,7 @@ class TcpRelay:
     def __init__(self, port: int) -> None:
         self.target_port = port
         self.cut = False
+        self.accepted = 0  # every TCP connection it accepted: what the apiserver would see
         self._server: asyncio.Server | None = None
         self._pumps: set[asyncio.Task[None]] = set()
         self._writers: set[asyncio.StreamWriter] = set()
@@ -229,6 +230,7 @@ class TcpRelay:
         self._writers.clear()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.accepted += 1
         if self.cut:
             writer.transport.abort()
             return

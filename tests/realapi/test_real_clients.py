@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import AsyncIterator, Callable
+import secrets
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import aiohttp
 import pytest
 
 from tests.clients.build import ToolchainMissing, build_watchclient
@@ -27,10 +29,10 @@ from tests.clients.build_rust_node import ToolchainMissing as RustNodeMissing
 from tests.clients.build_rust_node import build_kubewatch, on_ci, prepare_informer
 from tests.clients.expect import ChangeLog, check_informer, check_kubers, kubers_state
 from tests.clients.process import ClientProcess, Line
-from tests.clients.streams import Event, client_state, events, markers, order_problems
+from tests.clients.streams import Event, client_state, diff_report, events, markers, order_problems
 from tests.e2e.test_rust_node_clients import node_kubeconfig
 from tests.harness import RunningProxy, proxy_for_upstream, wait_for
-from tests.realapi.fixture import RealApiServer
+from tests.realapi.fixture import RealApiServer, Unavailable, ci_requires_tier, start_kubetestenv
 from tests.realapi.kubeapi import Api, TcpRelay
 
 pytestmark = pytest.mark.timeout(120, func_only=True)
@@ -223,9 +225,74 @@ async def clients(
             await client.stop()
 
 
+@pytest.fixture(scope="module")
+def uncached_apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealApiServer]:
+    """A real apiserver of its own whose pod watches read etcd (no watch cache), so that a
+    compaction makes an old resourceVersion answer 410 Expired, as on a busy cluster whose
+    watch cache has moved past it."""
+    try:
+        server = start_kubetestenv(
+            tmp_path_factory.mktemp("uncached"),
+            extra=("-apiserver-args", "--watch-cache-sizes=pods#0,configmaps#0"),
+        )
+    except Unavailable as why:
+        if ci_requires_tier():
+            pytest.fail(f"CI=true and the real apiserver is unavailable: {why}")
+        pytest.skip(str(why))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 async def test_every_client_gets_every_change_once_across_an_outage(
     tmp_path: Path, real_apiserver: RealApiServer, direct: Api, namespace: str
 ) -> None:
+    # The watch cache still holds the hub's resume point: no relist.
+    await across_an_outage(tmp_path, real_apiserver, direct, namespace)
+
+
+async def test_every_client_gets_every_change_once_across_a_compaction(
+    tmp_path: Path, uncached_apiserver: RealApiServer, session: aiohttp.ClientSession
+) -> None:
+    """The outage lasts until etcd has compacted the hub's resume point: the hub's resume
+    gets 410 Expired and it relists; the clients, whose streams stayed open, must still get
+    every change once, in order (the relist shows them only what changed)."""
+    real = uncached_apiserver
+    direct = Api(session, real.url, token=real.token, ssl_context=real.ssl_context())
+    namespace = f"t-{secrets.token_hex(4)}"
+    await direct.ok("POST", "/api/v1/namespaces", body={"metadata": {"name": namespace}})
+    await across_an_outage(tmp_path, real, direct, namespace, until_compacted=True)
+
+
+async def compacted(direct: Api, pods: str, rv: int) -> None:
+    """Until a watch from ``rv`` is answered with 410 Expired (etcd compacted past it).
+    Compaction runs on its own clock (every 4 s, to the revision of the previous run): there
+    is no event to await, so a bounded poll, one short watch at a time."""
+    for _ in range(40):
+        answer = await direct.request(
+            "GET", f"{pods}?watch=1&resourceVersion={rv}&timeoutSeconds=1"
+        )
+        if answer.status == 410 or b'"code":410' in answer.body:
+            return
+    raise AssertionError(f"resourceVersion {rv} was not compacted within 40 tries")
+
+
+def relists_of(running: RunningProxy) -> float:
+    registry = running.proxy.metrics.registry
+    return registry.get_sample_value("watchproxy_watch_relists_total") or 0.0
+
+
+async def across_an_outage(
+    tmp_path: Path,
+    real_apiserver: RealApiServer,
+    direct: Api,
+    namespace: str,
+    *,
+    until_compacted: bool = False,
+) -> None:
+    """Run every client through one outage and check what each saw."""
+    known_replay = False
     pods = f"/api/v1/namespaces/{namespace}/pods"
     start_rv = int((await direct.ok("GET", pods))["metadata"]["resourceVersion"])
     record = ApiRecord(direct, namespace, start_rv)
@@ -247,6 +314,10 @@ async def test_every_client_gets_every_change_once_across_an_outage(
             await wait_for(lambda: not running.proxy.connectivity.up, what="watchproxy to see it")
             for _ in range(STEPS):
                 await writer.step()
+            if until_compacted:
+                await compacted(direct, pods, writer.last_rv)
+                for _ in range(STEPS):
+                    await writer.step()
             relay.set_cut(False)
             for _ in range(STEPS):
                 await writer.step()
@@ -265,32 +336,123 @@ async def test_every_client_gets_every_change_once_across_an_outage(
                     )
             # The shared watches broke with the relay and the hub reopened them.
             assert opened(running) > opens
+            relists = relists_of(running)
         log.close()
     expected = [Event(c.type, c.name, c.rv) for c in log.changes]
     assert expected, "the record is empty"
     problems: dict[str, list[str]] = {}
     for name, client in started.items():
-        if name.startswith("kube-rs"):
-            problems[name] = check_kubers(client.lines, log)
-        elif name == "client-node":
-            problems[name] = check_informer(client.lines, log)
-        elif name == "go-informer-protobuf":
+        keep = (lambda n: n.startswith("web-")) if name == "go-watch-web" else (lambda n: True)
+        if name == "go-informer-protobuf":
             # Passed through unshared: its own watch broke with the relay and client-go
             # relisted (a LIST at its last RV, then Replace), which the proxy cannot hide for
             # a stream it does not own. What must hold: nothing out of order or repeated
             # outside that relist, and the final state (checked above).
+            # Across a compaction its relist is client-go's own Replace (adds in map order,
+            # tombstones with the last state it knew): only the final state is comparable.
             received = [e for e in events(client.lines) if e.type != "SYNC"]
-            problems[name] = [p for p in order_problems(received) if "repeats" not in p]
-        else:
-            wanted = (
-                [e for e in expected if e.name.startswith("web-")]
-                if name == "go-watch-web"
-                else expected
+            problems[name] = (
+                []
+                if until_compacted
+                else [p for p in order_problems(received) if "repeats" not in p]
             )
+        elif until_compacted:
+            problems[name] = bridged_problems(watch_events(name, client.lines), log, keep)
+        elif name.startswith("kube-rs"):
+            problems[name] = check_kubers(client.lines, log)
+        elif name == "client-node":
+            problems[name] = check_informer(client.lines, log)
+        else:
+            wanted = [e for e in expected if keep(e.name)]
             received = events(client.lines)
-            problems[name] = [] if received == wanted else [f"got {received}\nwant {wanted}"]
-            problems[name] += [str(m) for m in markers(client.lines, "ERROR", "RELIST")]
-    assert not any(problems.values()), {k: v for k, v in problems.items() if v}
+            problems[name] = [] if received == wanted else [diff_report(wanted, received)]
+        problems[name] += [str(m) for m in markers(client.lines, "ERROR", "RELIST")]
+    if until_compacted and problems["go-watch-web"]:
+        replayed = first_of_each(watch_events("go-watch-web", started["go-watch-web"].lines))
+        if not bridged_problems(replayed, log, lambda n: n.startswith("web-")):
+            known_replay = True
+            problems["go-watch-web"] = []
+    report = "\n".join(f"{k}: {'; '.join(v)}" for k, v in problems.items() if v)
+    assert not report, report
+    assert relists >= 1 if until_compacted else relists == 0
+    if known_replay:
+        # Known defect (issue 12's closing note): the relist's diff events share the list's RV
+        # L, and a resume at exactly L replays the whole group (so that a client cut off
+        # inside it loses no DELETE), so a client that re-watches at L while nothing newer
+        # arrives gets the group again on every re-watch. Everything else held: with each
+        # repeat removed, its stream is exactly the record bridged by the relist.
+        pytest.xfail("a re-watch at the relist's RV replays the relist's events")
+
+
+def watch_events(name: str, lines: list[Line]) -> list[Event]:
+    """The events a client got after its initial (empty) list, in any client's vocabulary."""
+    if name.startswith("kube-rs"):
+        kinds = {"Apply": "SET", "Delete": "DELETED"}
+    elif name == "client-node":
+        kinds = {"add": "SET", "update": "SET", "delete": "DELETED"}
+    else:
+        kinds = {"ADDED": "SET", "MODIFIED": "SET", "DELETED": "DELETED"}
+    return [
+        Event(kinds[line["type"]], line["name"], int(line["resourceVersion"]))
+        for line in lines
+        if line["type"] in kinds
+    ]
+
+
+def first_of_each(got: list[Event]) -> list[Event]:
+    """``got`` without the repeats of an event already received."""
+    seen: set[Event] = set()
+    out = []
+    for event in got:
+        if event not in seen:
+            seen.add(event)
+            out.append(event)
+    return out
+
+
+def bridged_problems(got: list[Event], log: ChangeLog, keep: Callable[[str], bool]) -> list[str]:
+    """The record's changes exactly, except where a relist bridged a gap that the apiserver
+    no longer had: there, each object that changed in the gap once at its RV at the relist
+    (ascending) and one DELETED for each object gone, stamped inside the gap; then the record's
+    changes after the relist exactly. Events are SET or DELETED (kube-rs says Apply for both
+    ADDED and MODIFIED). Empty when ``got`` is such a stream."""
+    record = [
+        Event("DELETED" if c.type == "DELETED" else "SET", c.name, c.rv)
+        for c in log.changes
+        if keep(c.name)
+    ]
+    head = 0
+    while head < min(len(got), len(record)) and got[head] == record[head]:
+        head += 1
+    if head == len(got) == len(record):
+        return []
+    gap_from = record[head - 1].rv if head else log.start_rv
+
+    def state(rv: int) -> dict[str, int]:
+        return {n: v for n, v in log.state_at(rv).items() if keep(n)}
+
+    for relist_rv in sorted({c.rv for c in record if c.rv >= gap_from}):
+        tail = [c for c in record if c.rv > relist_rv]
+        if len(tail) > len(got) - head or got[len(got) - len(tail) :] != tail:
+            continue
+        middle = got[head : len(got) - len(tail)]
+        before, after = state(gap_from), state(relist_rv)
+        changed = sorted(
+            (Event("SET", n, v) for n, v in after.items() if before.get(n) != v),
+            key=lambda e: e.rv,
+        )
+        deleted = [e for e in middle if e.type == "DELETED"]
+        bound = tail[0].rv if tail else float("inf")
+        if (
+            [e for e in middle if e.type == "SET"] == changed
+            and sorted(e.name for e in deleted) == sorted(set(before) - set(after))
+            and all(gap_from < e.rv < bound for e in deleted)
+        ):
+            return []
+    return [
+        f"not the record, nor the record bridged by a relist: {diff_report(record, got)}"
+        f"\n  after the common head (to RV {gap_from}): {[str(e) for e in got[head:]]}"
+    ]
 
 
 def _holds(lines: list[Line], want: dict[str, int]) -> bool:
