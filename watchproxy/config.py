@@ -98,6 +98,10 @@ class HubConfig:
     enabled: bool = True
     history_size: int = 10000
     history_max_age_seconds: float = 300.0
+    # Bytes of encoded events all history rings may hold together (0: no bound), and one
+    # ring alone (0: only the total bounds it).
+    history_max_bytes: int = 64 * 1024 * 1024
+    history_max_bytes_per_key: int = 0
     linger_seconds: float = 30.0
     max_subscriber_lag: int = 5000
     slow_subscriber_timeout_seconds: float = 30.0
@@ -394,6 +398,9 @@ def _check(config: Config, where: str) -> None:
     h = config.hub
     if h.history_size < 1:
         raise ConfigError(f"{where}: hub.history_size: must be >= 1")
+    for name in ("history_max_bytes", "history_max_bytes_per_key"):
+        if getattr(h, name) < 0:
+            raise ConfigError(f"{where}: hub.{name}: must be >= 0 (0: no bound)")
     if h.client_watch_max_seconds < h.client_watch_min_seconds:
         raise ConfigError(f"{where}: hub.client_watch_max_seconds: must be >= the min")
     if h.upstream_watch_max_seconds < h.upstream_watch_min_seconds:

@@ -15,7 +15,7 @@ from urllib.parse import parse_qs
 import aiohttp
 
 from kubefake import FakeApiServer
-from tests.component.test_pitfalls import annotate, pod
+from tests.component.test_pitfalls import Stream, annotate, pod
 from tests.harness import running_proxy
 
 PODS = "/api/v1/namespaces/default/pods"
@@ -181,3 +181,62 @@ async def test_clients_resuming_after_a_restart_get_what_the_apiserver_would_giv
                 assert requests_to(fake, watch=True, selector=f"app={app}") == 1
     finally:
         await fake.stop()
+
+
+async def test_the_history_byte_budget_bounds_the_rings_and_a_live_client_loses_nothing(
+    tmp_path: Any,
+) -> None:
+    """Two busy keys under a small hub.history_max_bytes: the rings together stay within it
+    (each keeps at least its newest event), clients that keep up get every change, and a
+    client resuming from before what is left gets what the apiserver gives."""
+    budget = 40_000
+    padding = "x" * 1_000
+    apps = ("web", "db")
+    async with (
+        running_proxy(tmp_path, {"hub.history_max_bytes": budget}) as running,
+        aiohttp.ClientSession() as s,
+        direct(running.fake) as oracle,
+    ):
+        fake = running.fake
+        first = {
+            app: fake.store.create("pods", "default", pod(f"{app}-0", app=app)) for app in apps
+        }
+        streams = {
+            app: Stream(s, f"{running.url}{PODS}?watch=1&labelSelector=app%3D{app}") for app in apps
+        }
+        try:
+            for app in apps:
+                await streams[app].wait(lambda st: len(st.events) >= 1)
+            # In bursts of five per key, each delivered before the next: clients that keep up.
+            # (A burst larger than the budget would end them as too slow, as one larger than
+            # hub.history_size does.)
+            for burst in range(12):
+                for step in range(5):
+                    for app in apps:
+                        change = annotate(f"{burst}.{step}{padding}")
+                        fake.store.modify("pods", "default", f"{app}-0", change)
+                for app in apps:
+                    count = 1 + 5 * (burst + 1)
+                    await streams[app].wait(lambda st, n=count: len(st.events) >= n)
+            for app in apps:
+                got = [e["object"]["metadata"]["resourceVersion"] for e in streams[app].events]
+                assert [int(rv) for rv in got] == sorted(int(rv) for rv in got)
+                assert [e["type"] for e in streams[app].events] == ["ADDED"] + ["MODIFIED"] * 60
+        finally:
+            for stream in streams.values():
+                await stream.close()
+        registry = running.proxy.metrics.registry
+        assert registry.get_sample_value("watchproxy_history_budget_bytes") == budget
+        per_key = [
+            sample.value
+            for family in registry.collect()
+            if family.name == "watchproxy_history_bytes"
+            for sample in family.samples
+        ]
+        assert len(per_key) == 2 and all(value > 0 for value in per_key)
+        assert sum(per_key) <= budget
+        # The first change is gone from the rings: that resume is the apiserver's to answer.
+        oldest = first["web"]["metadata"]["resourceVersion"]
+        url = f"{PODS}?watch=1&labelSelector=app%3Dweb&resourceVersion={oldest}"
+        want = await first_events(oracle, url, 3)
+        assert await first_events(s, running.url + url, 3) == want

@@ -47,13 +47,16 @@ class Stream:
         self._task = asyncio.ensure_future(self._run(session, url))
 
     async def _run(self, session: aiohttp.ClientSession, url: str) -> None:
-        async with session.get(url, timeout=aiohttp.ClientTimeout(total=None)) as response:
-            self.status = response.status
-            self._changed.set()
-            async for raw in response.content:
-                if raw.strip():
-                    self.events.append(json.loads(raw))
-                    self._changed.set()
+        try:
+            async with session.get(url, timeout=aiohttp.ClientTimeout(total=None)) as response:
+                self.status = response.status
+                self._changed.set()
+                async for raw in response.content:
+                    if raw.strip():
+                        self.events.append(json.loads(raw))
+                        self._changed.set()
+        finally:
+            self._changed.set()  # a waiter learns of the end now, not at its timeout
 
     async def wait(self, predicate: Any, timeout: float = 10.0) -> None:
         async with asyncio.timeout(timeout):

@@ -15,6 +15,7 @@ after it, such a watch is passed through, and the apiserver answers it (its even
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
@@ -27,6 +28,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from watchproxy.config import HubConfig
 from watchproxy.errors import TooManyRequests, UpstreamTimeout, UpstreamUnavailable
 from watchproxy.hub.cachetypes import StartPlan
+from watchproxy.hub.historybudget import HistoryBudget
 from watchproxy.hub.ports import UpstreamHealth, WatchSource, WatchStarter
 from watchproxy.hub.sharedwatch import SharedWatch, UpstreamRefused
 from watchproxy.hub.subscriber import Subscriber, SubscriberOptions
@@ -58,6 +60,12 @@ class Refusal:
 
 
 STREAMED = "streamed"  # Hub.serve wrote the client's whole watch stream
+
+
+def metric_label(key: WatchKey) -> str:
+    """A shared watch's key as one label value: its path and whatever else sets it apart."""
+    parts = [key.collection_path, key.label_selector, key.field_selector, key.representation]
+    return " ".join(part for part in parts if part)
 
 
 class Hub:
@@ -93,6 +101,8 @@ class Hub:
         metrics.history_events.set_function(
             lambda: sum(w.cache.history_len() for w in self.watches.values())
         )
+        self.history_budget = HistoryBudget(hub_config.history_max_bytes)
+        metrics.history_budget_bytes.set(hub_config.history_max_bytes)
 
     def _shared(
         self, key: WatchKey, representation: Representation, auth: str | None
@@ -111,6 +121,11 @@ class Hub:
             rng=self.rng,
             forwarded_auth=auth,
             clock=self.clock,
+            budget=self.history_budget,
+        )
+        cache = shared.cache
+        self.metrics.history_bytes.labels(key=metric_label(key)).set_function(
+            lambda: cache.history_bytes
         )
         shared.on_idle = self._retire
         self.watches[key] = shared
@@ -122,6 +137,7 @@ class Hub:
         """Called from the shared watch's own tasks: close it from a task the hub owns."""
         if self.watches.get(shared.key) is shared:
             del self.watches[shared.key]
+            self._forget_metrics(shared.key)
         task = asyncio.create_task(self._close_one(shared), name="watchproxy-retire")
         self._retired.add(task)
         task.add_done_callback(self._retired.discard)
@@ -267,10 +283,16 @@ class Hub:
     async def close(self) -> None:
         """End every shared watch; their subscribers finish their streams cleanly."""
         watches = list(self.watches.values())
+        for key in self.watches:
+            self._forget_metrics(key)
         self.watches.clear()
         # Concurrently, and every one to the end: _close_one reports a failure with its key
         # instead of raising, so one broken watch cannot leave the others' tasks unawaited.
         await asyncio.gather(*(self._close_one(w) for w in watches), *self._retired)
+
+    def _forget_metrics(self, key: WatchKey) -> None:
+        with contextlib.suppress(KeyError):
+            self.metrics.history_bytes.remove(metric_label(key))
 
     @staticmethod
     async def _close_one(shared: SharedWatch) -> None:

@@ -25,6 +25,7 @@ from watchproxy.config import HubConfig
 from watchproxy.errors import UpstreamUnavailable
 from watchproxy.hub.fanout import Fanout
 from watchproxy.hub.fetcher import Fetcher
+from watchproxy.hub.historybudget import HistoryBudget
 from watchproxy.hub.machine import MachineConfig, Phase, SharedWatchMachine
 from watchproxy.hub.outcomes import (
     Elapsed,
@@ -83,6 +84,7 @@ class SharedWatch:
         rng: random.Random,
         forwarded_auth: str | None = None,
         clock: Callable[[], float] = time.monotonic,
+        budget: HistoryBudget | None = None,
     ) -> None:
         self.key = key
         self.representation = representation
@@ -97,6 +99,8 @@ class SharedWatch:
             capacity=hub_config.history_size,
             max_age=hub_config.history_max_age_seconds,
             clock=clock,
+            max_bytes=hub_config.history_max_bytes_per_key,
+            budget=budget,
         )
         self.machine = SharedWatchMachine(
             self.cache,
@@ -221,6 +225,7 @@ class SharedWatch:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         self._task = self._linger = None
+        self.cache.detach()
         self._synced.set()
         self._notify()
 

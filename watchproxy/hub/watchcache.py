@@ -66,6 +66,7 @@ from watchproxy.hub.cachetypes import (
     StartPlan,
     parse_rv,
 )
+from watchproxy.hub.historybudget import HistoryBudget
 from watchproxy.hub.window import ResumeWindow
 from watchproxy.kube.representation import Representation, encode_json
 
@@ -99,6 +100,8 @@ class WatchCache:
         capacity: int,
         max_age: float,
         clock: Callable[[], float],
+        max_bytes: int = 0,
+        budget: HistoryBudget | None = None,
     ) -> None:
         if capacity < 1:
             raise ValueError("capacity must be at least 1")
@@ -107,6 +110,8 @@ class WatchCache:
         self._rep = representation
         self._capacity = capacity
         self._max_age = max_age
+        self._max_bytes = max_bytes  # 0: no bound of its own
+        self._budget = budget
         self._clock = clock
         self._state: dict[str, _Entry] = {}
         self._events: list[CachedEvent] = []  # ring: live events are self._events[self._head:]
@@ -118,6 +123,14 @@ class WatchCache:
         self._stream: tuple[int, str] | None = None  # history complete up to here
         self._window = ResumeWindow()
         self._bookmark_cache: tuple[str, bytes] | None = None
+        if budget is not None:
+            budget.register(self)
+
+    def detach(self) -> None:
+        """The shared watch ends: its history no longer counts against the budget."""
+        if self._budget is not None:
+            self._budget.unregister(self)
+            self._budget = None
 
     # --- properties ---------------------------------------------------------------------
 
@@ -229,6 +242,7 @@ class WatchCache:
         """
         rv = parse_rv(list_rv)
         self._state = self._keyed(items)
+        self._charge(-self._bytes)
         self._events, self._head, self._bytes = [], 0, 0
         self._next_seq += 1
         self._rv, self._rv_str = rv, list_rv
@@ -417,28 +431,53 @@ class WatchCache:
         self._next_seq += 1
         self._events.append(event)
         self._bytes += len(line)
+        self._charge(len(line))
         return event
 
     def _evict(self, now: float) -> int:
-        events, head, evicted = self._events, self._head, 0
+        events, evicted = self._events, 0
         deadline = now - self._max_age
-        while head < len(events) and (
-            len(events) - head > self._capacity
-            or (events[head].time < deadline and not self._pinned(events[head]))
+        while self._head < len(events) and (
+            len(events) - self._head > self._capacity
+            or (self._max_bytes and self._bytes > self._max_bytes)
+            or (events[self._head].time < deadline and not self._pinned(events[self._head]))
         ):
-            gone = events[head]
-            head += 1
+            self._drop_head()
             evicted += 1
-            self._bytes -= len(gone.line)
-            # A client at gone.rv has seen gone and everything else at that RV — except in a
-            # relist group, which shares one RV: with part of it gone, a client at that RV
-            # could not get the whole group again, so that one RV becomes a (one-RV) gap.
-            if gone.relist and head < len(events) and events[head].rv == gone.rv:
-                self._window.group_broken(gone.rv)
-            self._window.evicted(gone.rv)
-        self._head = head
         self._compact()
+        if self._budget is not None:
+            self._budget.enforce()
         return evicted
+
+    @property
+    def history_bytes(self) -> int:
+        return self._bytes
+
+    def shed_oldest(self) -> bool:
+        """Evict the oldest event for the byte budget; False when only the newest is left:
+        caught-up subscribers may not have been handed it yet, and losing it would end them."""
+        if len(self._events) - self._head <= 1:
+            return False
+        self._drop_head()
+        self._compact()
+        return True
+
+    def _drop_head(self) -> None:
+        events = self._events
+        gone = events[self._head]
+        self._head += 1
+        self._bytes -= len(gone.line)
+        self._charge(-len(gone.line))
+        # A client at gone.rv has seen gone and everything else at that RV — except in a
+        # relist group, which shares one RV: with part of it gone, a client at that RV
+        # could not get the whole group again, so that one RV becomes a (one-RV) gap.
+        if gone.relist and self._head < len(events) and events[self._head].rv == gone.rv:
+            self._window.group_broken(gone.rv)
+        self._window.evicted(gone.rv)
+
+    def _charge(self, delta: int) -> None:
+        if self._budget is not None:
+            self._budget.charge(delta)
 
     def _pinned(self, event: CachedEvent) -> bool:
         # The newest relist DELETEs outlive max_age: evicting them makes their RV, which is

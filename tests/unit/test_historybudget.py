@@ -1,0 +1,106 @@
+"""The byte budget over every history ring (watchproxy.hub.historybudget) and each ring's own
+byte bound (``WatchCache(max_bytes=...)``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.unit.test_watchcache import FakeClock, pod
+from watchproxy.config import ConfigError, build_config
+from watchproxy.hub.historybudget import HistoryBudget
+from watchproxy.hub.watchcache import WatchCache
+from watchproxy.kube.representation import JsonRepresentation
+
+
+def ring(budget: HistoryBudget | None = None, *, max_bytes: int = 0) -> WatchCache:
+    cache = WatchCache(
+        JsonRepresentation(),
+        capacity=10_000,
+        max_age=1e9,
+        clock=FakeClock(),
+        max_bytes=max_bytes,
+        budget=budget,
+    )
+    cache.replace([], "100")
+    return cache
+
+
+def fill(cache: WatchCache, first_rv: int, count: int, size: int) -> None:
+    for i in range(count):
+        cache.apply("ADDED", pod(f"p{first_rv + i}", first_rv + i, data="x" * size))
+
+
+def rvs(cache: WatchCache) -> list[int]:
+    plan = cache.plan("100")
+    events = cache.events_from(plan.next_seq) or []
+    return [event.rv for event in events]
+
+
+def test_the_total_stays_within_the_budget_and_the_busiest_ring_pays() -> None:
+    budget = HistoryBudget(limit=20_000)
+    busy, quiet = ring(budget), ring(budget)
+    fill(quiet, 101, 5, 100)
+    quiet_bytes = quiet.history_bytes
+    fill(busy, 200, 50, 1_000)
+    assert budget.used == busy.history_bytes + quiet.history_bytes
+    assert budget.used <= budget.limit
+    assert quiet.history_bytes == quiet_bytes  # the quiet key kept all of its history
+    # The busy ring lost its oldest events first: what is left is its newest, contiguous.
+    left = [event.rv for event in busy.events_from(busy.oldest_seq) or []]
+    assert left == list(range(250 - len(left), 250))
+    assert budget.evicted_events == 50 - len(left)
+
+
+def test_a_resume_from_before_the_evicted_history_goes_to_the_apiserver() -> None:
+    budget = HistoryBudget(limit=10_000)
+    cache = ring(budget)
+    fill(cache, 101, 40, 1_000)
+    oldest = cache.oldest_resumable_rv
+    assert oldest is not None and oldest > 101
+    assert cache.plan("101").outside_window  # not a made-up 410: the apiserver decides
+    resumed = cache.plan(str(oldest))
+    assert not resumed.outside_window and not resumed.expired
+
+
+def test_the_newest_event_is_never_shed() -> None:
+    # Subscribers that keep up may not have been handed it yet: losing it would end them.
+    budget = HistoryBudget(limit=100)
+    cache = ring(budget)
+    fill(cache, 101, 3, 1_000)
+    assert cache.history_len() == 1
+    assert budget.used == cache.history_bytes > budget.limit
+
+
+def test_a_ring_alone_keeps_to_its_own_bound() -> None:
+    cache = ring(max_bytes=5_000)
+    fill(cache, 101, 30, 1_000)
+    assert 0 < cache.history_bytes <= 5_000
+    assert rvs(cache) == []  # nothing newer than the newest
+    assert cache.history_len() < 30
+
+
+def test_an_ended_ring_no_longer_counts() -> None:
+    budget = HistoryBudget(limit=1_000_000)
+    first, second = ring(budget), ring(budget)
+    fill(first, 101, 10, 1_000)
+    fill(second, 101, 10, 1_000)
+    first.detach()
+    assert budget.used == second.history_bytes
+    fill(first, 111, 1, 1_000)  # a detached ring charges nothing
+    assert budget.used == second.history_bytes
+
+
+def test_a_relist_is_charged_and_a_reset_refunds() -> None:
+    budget = HistoryBudget(limit=0)  # no bound: only the accounting
+    cache = ring(budget)
+    fill(cache, 101, 3, 100)
+    cache.replace([pod("q", 200)], "200")  # three DELETEs and one ADDED
+    assert budget.used == cache.history_bytes > 0
+    cache.reset([pod("q", 300)], "300")
+    assert budget.used == 0
+
+
+@pytest.mark.parametrize("key", ["history_max_bytes", "history_max_bytes_per_key"])
+def test_a_negative_byte_bound_is_a_config_error_naming_the_key(key: str) -> None:
+    with pytest.raises(ConfigError, match=f"hub.{key}"):
+        build_config({"hub": {key: -1}})
