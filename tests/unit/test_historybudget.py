@@ -104,3 +104,17 @@ def test_a_relist_is_charged_and_a_reset_refunds() -> None:
 def test_a_negative_byte_bound_is_a_config_error_naming_the_key(key: str) -> None:
     with pytest.raises(ConfigError, match=f"hub.{key}"):
         build_config({"hub": {key: -1}})
+
+
+def test_a_subscriber_writes_its_backlog_in_bounded_batches() -> None:
+    from watchproxy.hub.subscriber import WRITE_BATCH_BYTES, first_batch
+
+    cache = ring()
+    fill(cache, 101, 100, 10_000)  # about 1 MB of history behind a cursor at its start
+    backlog = cache.events_from(cache.oldest_seq) or []
+    batch = first_batch(backlog)
+    assert 0 < len(batch) < len(backlog)
+    assert sum(len(e.line) for e in batch) <= WRITE_BATCH_BYTES
+    assert list(batch) == list(backlog[: len(batch)])
+    one = first_batch(backlog[:1])
+    assert len(one) == 1  # an event larger than a batch still goes out, alone

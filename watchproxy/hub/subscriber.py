@@ -11,10 +11,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from watchproxy.hub.cachetypes import StartPlan
+from watchproxy.hub.cachetypes import CachedEvent, StartPlan
 from watchproxy.hub.fanout import LiveCursor
 from watchproxy.hub.ports import WatchSink
 from watchproxy.hub.sharedwatch import SharedWatch
@@ -24,6 +24,24 @@ log = logging.getLogger("watchproxy.hub")
 
 # How often an idle subscriber checks that its client is still connected.
 LIVENESS_POLL_SECONDS = 5.0
+
+
+# A subscriber behind the live edge writes its backlog from the shared history in batches of
+# about this many bytes. Mechanism of the old growth: it joined everything from its cursor to
+# the end into one write, a copy of up to the whole history per slow client, held while its
+# write waited on a client that had stopped reading (bench.backlog: 146 events, 1.5 MB, for one
+# stalled client at a 4 MiB budget).
+WRITE_BATCH_BYTES = 256 * 1024
+
+
+def first_batch(events: Sequence[CachedEvent]) -> Sequence[CachedEvent]:
+    """The longest prefix of ``events`` within WRITE_BATCH_BYTES (at least one event)."""
+    total = 0
+    for count, event in enumerate(events):
+        total += len(event.line)
+        if total > WRITE_BATCH_BYTES and count:
+            return events[:count]
+    return events
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +133,7 @@ class Subscriber:
                     )
                     break
                 if events:
+                    events = first_batch(events)
                     cursor = events[-1].seq + 1
                     self.shared.cursors[me] = cursor
                     lines = [e.line for e in events if plan.wants(e)]
