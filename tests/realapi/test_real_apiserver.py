@@ -770,6 +770,14 @@ class HoldingWebhook:
     async def __aexit__(self, *exc: object) -> None:
         self.release.set()
         assert self._runner is not None
+        # The apiserver keeps its webhook connection alive; closing it gracefully starts a TLS
+        # shutdown that the Go side answers late, and nothing in aiohttp's cleanup waits for
+        # it: the transport outlived the test's loop (a ResourceWarning at loop close, seen in
+        # CI). This is our own test server going away, so its connections are aborted.
+        server = self._runner.server
+        for handler in server.connections if server is not None else []:
+            if handler.transport is not None:
+                handler.transport.abort()
         await self._runner.cleanup()
 
     def configuration(self, name: str, namespace: str) -> dict[str, Any]:
