@@ -275,6 +275,12 @@ class Metrics:
             "watchproxy_watch_slow_subscribers_ended",
             "Client watches ended because they fell too far behind.",
         )
+        self.relist_group_cuts = add(
+            Counter,
+            "watchproxy_watch_relist_group_cuts",
+            "Client watches that broke inside a relist group (the client stopped reading or "
+            "went away): a client resuming at the group's resourceVersion misses its rest.",
+        )
         self.relists = add(
             Counter,
             "watchproxy_watch_relists",

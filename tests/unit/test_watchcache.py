@@ -362,20 +362,18 @@ def test_idle_cache_stays_resumable_from_bookmarks() -> None:
     assert cache.plan("10").outside_window
 
 
-def test_latest_relist_deletes_outlive_max_age_until_something_newer_arrives() -> None:
+def test_a_relist_group_ages_out_like_any_event_and_its_rv_stays_resumable() -> None:
     clock = FakeClock()
     cache = make_cache(clock=clock, max_age=10)
     cache.replace([pod("a", 5), pod("b", 6)], "10")
     cache.replace([], "20")
     clock.now += 100
-    assert cache.evict_expired() == 0
-    assert cache.plan("20").next_seq == 0  # idle clients at 20 can still resume (whole group)
-    added = cache.apply(ADDED, pod("c", 21))
-    assert added is not None and cache.history_len() == 1
-    # A client at 20 may have read part of the evicted group: it cannot be made whole.
-    assert cache.plan("20").expired
+    assert cache.evict_expired() == 2
+    # A client at 20 has had the whole group: nothing it lacks was evicted.
+    assert cache.plan("20") == StartPlan(initial=[], next_seq=cache.next_seq, start_rv=20)
     assert cache.plan("19").expired  # inside the relist gap
-    assert cache.plan("21").next_seq == cache.next_seq
+    added = cache.apply(ADDED, pod("c", 21))
+    assert added is not None and cache.plan("20").next_seq == added.seq
 
 
 def test_constructor_validates_limits() -> None:
@@ -439,17 +437,22 @@ def test_upstream_events_covered_by_a_relist_are_ignored() -> None:
     assert cache.apply(ADDED, pod("f", 21)) is not None
 
 
-def test_resume_at_a_relist_group_rv_gets_the_whole_group_again() -> None:
+def test_resume_at_a_relist_list_rv_gets_only_what_came_after_the_group() -> None:
     cache, events = relisted_cache()
-    group = [e for e in events if e.rv == 20]
-    # A client that stopped reading inside the DELETE group holds RV 20 without the rest of
-    # it: "only events after 20" would lose deletes silently, so the group comes again.
-    assert cache.plan("20").next_seq == group[0].seq
+    # A client holding 20 has had the whole group (the hub never ends a stream inside one
+    # without a 410): replaying it would duplicate it on every re-watch at 20.
+    assert cache.plan("20") == StartPlan(initial=[], next_seq=cache.next_seq, start_rv=20)
     assert cache.plan("11").next_seq == events[0].seq  # from before the relist: all of it
     added = cache.apply(ADDED, pod("f", 21))
     assert added is not None
-    assert cache.plan("20").next_seq == group[0].seq
+    assert cache.plan("20").next_seq == added.seq
     assert cache.plan("21").next_seq == cache.next_seq
+
+
+def test_only_the_last_event_of_a_relist_group_ends_it() -> None:
+    _, events = relisted_cache()
+    assert [e.inside_group for e in events] == [True, True, True, False]
+    assert [e.ends_group for e in events] == [False, False, False, True]
 
 
 def test_evicting_a_relist_delete_makes_rvs_before_it_unresumable() -> None:
@@ -460,11 +463,21 @@ def test_evicting_a_relist_delete_makes_rvs_before_it_unresumable() -> None:
     assert added is not None
     assert cache.oldest_resumable_rv == 20
     assert cache.plan("19").expired  # inside the relist gap
-    assert cache.plan("20").expired  # the group at 20 is no longer whole
-    assert cache.plan("21").next_seq == cache.next_seq
+    assert cache.plan("20").next_seq == added.seq  # a client at 20 has the whole group
     cache.apply(ADDED, pod("y", 22))
-    cache.apply(ADDED, pod("z", 23))  # the whole group is gone: 20 stays ambiguous
-    assert cache.plan("20").expired and cache.plan("21").next_seq == added.seq + 1
+    cache.apply(ADDED, pod("z", 23))  # the whole group is gone
+    assert cache.plan("19").expired and cache.plan("20").next_seq == added.seq
+    assert cache.plan("21").next_seq == added.seq + 1
+
+
+def test_relist_events_below_the_list_rv_are_replayed_at_their_rv() -> None:
+    cache = make_cache()
+    cache.replace([pod("a", 5)], "10")
+    events = cache.replace([pod("a", 8, 1), pod("b", 20)], "30")
+    # a@8 is below the cache RV 10, so it is placed at 10: a client that was at 10 before
+    # the relist has not had it, and 10 is not a list RV, so a resume at 10 gets it.
+    assert cache.plan("10").next_seq == events[0].seq
+    assert cache.plan("30").next_seq == cache.next_seq
 
 
 def test_relist_with_older_rv_is_refused_and_reset_ends_every_cursor() -> None:
@@ -715,9 +728,10 @@ def test_every_subscriber_reaches_the_current_state(data: st.DataObject) -> None
         previous = floor
         for event in delivered:
             assert event.rv >= previous  # never back in time
-            # "only events after N": nothing at or before it again — except a relist group
-            # at exactly N, which is replayed whole (at least once for that group)
-            again = event.relist and event.rv == floor
+            # "only events after N": nothing at or before it again — except relist events
+            # below their list's RV at exactly N, which are replayed (see test above)
+            list_rvs = {after for before, after in gaps if after > before}
+            again = event.relist and event.rv == floor and floor not in list_rvs
             assert event.rv > floor or again
             previous = event.rv
             if sub.after_seq is not None:

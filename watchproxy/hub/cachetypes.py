@@ -39,6 +39,13 @@ class CachedEvent:
     line: bytes  # b'{"type":"ADDED","object":{...}}\n', compact JSON
     time: float  # clock() when it entered the cache
     relist: bool = False  # synthesised by a relist diff rather than received from upstream
+    # The last event of its relist group: a client whose last event is a relist event without
+    # this flag stopped inside the group (see ``watchcache``: it must not resume at that RV).
+    ends_group: bool = False
+
+    @property
+    def inside_group(self) -> bool:
+        return self.relist and not self.ends_group
 
 
 @dataclass(frozen=True, slots=True)

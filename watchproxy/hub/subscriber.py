@@ -72,6 +72,11 @@ class Subscriber:
         self._sent = metrics.events_sent.labels(label)
         self._bytes = metrics.bytes_sent.labels(label)
         self._slow = metrics.slow_subscribers
+        self._expired = metrics.expired
+        self._group_cuts = metrics.relist_group_cuts
+        # The RV of the last event written when that event is inside a relist group (see
+        # ``watchcache``): the client holds the group's RV without all of the group.
+        self._inside_group: int | None = None
         self.ended_because = ""
         self.stalled = False
 
@@ -113,7 +118,7 @@ class Subscriber:
                 first_line = False
                 await self._write(b"".join(lines), len(lines))
             while True:
-                if self.shared.closed:
+                if self.shared.closed and self._inside_group is None:
                     self.ended_because = "shared watch closed"
                     break
                 events = cache.events_from(cursor, start_rv)
@@ -131,19 +136,26 @@ class Subscriber:
                         self.shared.key.collection_path,
                         cache.next_seq - cursor,
                     )
+                    await self._end_inside_group()
                     break
                 if events:
                     events = first_batch(events)
                     cursor = events[-1].seq + 1
                     self.shared.cursors[me] = cursor
-                    lines = [e.line for e in events if plan.wants(e)]
+                    wanted = [e for e in events if plan.wants(e)]
+                    lines = [e.line for e in wanted]
                     if lines:
+                        last = wanted[-1]
+                        self._inside_group = last.rv if last.inside_group else None
                         if first_line:
                             lines[0] = self.shared.representation.first_line_fixup(lines[0])
                             first_line = False
                         await self._write(b"".join(lines), len(lines))
                     continue
                 now = self.clock()
+                if self.shared.closed:  # caught up, so not inside a group: see the loop's top
+                    self.ended_because = "shared watch closed"
+                    break
                 if now >= deadline:
                     self.ended_because = "deadline"
                     break
@@ -178,6 +190,8 @@ class Subscriber:
             self.ended_because = self.ended_because or "client gone"
             self.sink.close()
         finally:
+            if self._inside_group is not None:
+                self._group_cuts.inc()
             if self.stalled and self.ended_because != "too slow":
                 self.ended_because = "stalled"
                 self._slow.inc()
@@ -186,6 +200,15 @@ class Subscriber:
                     self.shared.key.collection_path,
                 )
             self.shared.cursors.pop(me, None)
+
+    async def _end_inside_group(self) -> None:
+        # Cannot write the rest of the group: without this line the client would resume at
+        # the group's RV and miss the rest; with it, it relists (the apiserver's own answer
+        # to an RV it cannot serve).
+        if self._inside_group is not None:
+            self._expired.inc()
+            await self._write(self.shared.cache.expired_line(str(self._inside_group)), 1)
+            self._inside_group = None
 
     async def _bookmark(self, min_rv: int) -> None:
         # The stream RV, not the state's: during a backfill the history is complete only up

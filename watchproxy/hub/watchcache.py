@@ -12,11 +12,18 @@ Relist without breaking streams: a later :meth:`WatchCache.replace` (after an up
 appends the diff to the current state: ADDED/MODIFIED in ascending order of their own RV, then
 DELETED for objects gone, carrying the last known state at the LIST's RV (the first RV at which
 each is known gone; last, so that no client's RVs go backwards). These events can share the list
-RV ``L``, so a client that stopped reading inside the group holds ``L`` without the whole group.
-Mechanism of the old silent hole: "RV N: only events after N" skipped the rest of the group for
-such a client. Now a resume at exactly ``L`` replays every relist event at ``L`` (at least once
-for that group: idempotent for informers, whose store ignores a DELETE of a key it does not
-hold), and once eviction has taken any of the group, ``L`` is answered ``expired``.
+RV ``L``. A client holding ``L`` has had the whole group, and a resume at ``L`` gets only what
+came after it, like any other RV. Mechanism of the old duplicates: the group used to be replayed
+to every resume at exactly ``L`` (in case the client had stopped inside it), so every client that
+re-watched at ``L`` before anything newer arrived (a bookmark at ``L``, a client-go ``Watch``
+re-opened on a timer) got the whole group again, each time. ``L`` is trustworthy because the hub
+never ends a stream inside a group by itself: the subscriber writes the rest of the group before
+it stops, or, when it cannot (the client fell too far behind), ends with the 410 line so that the
+client relists instead of resuming at ``L`` (``CachedEvent.ends_group`` marks the group's last
+event). Only a client that breaks its own stream inside a group can hold ``L`` without all of it;
+the subscriber counts those (``watchproxy_relist_group_cuts_total``). Relist events below the
+cache's RV (anomalous data, see :meth:`WatchCache.replace`) are not at a list RV: a resume at
+their RV replays them (at least once).
 
 A relist from cache RV ``R`` to list RV ``L`` is a gap in the history: a client whose state is
 at an RV strictly between them may hold an object created and deleted within the gap, which no
@@ -42,8 +49,8 @@ Apart from those relist consequences, the cache makes up no 410: an RV older tha
 is ``outside_window``, and the hub passes that watch to the apiserver, whose answer (events or
 its own 410) is the right one.
 
-Eviction: beyond ``capacity`` events, and events older than ``max_age`` except the DELETEs of
-the latest relist while nothing newer has arrived. Evicting an event makes RVs below its own
+Eviction: beyond ``capacity`` events, beyond ``max_bytes``, and events older than ``max_age``.
+Evicting an event makes RVs below its own
 unresumable. A list older than the cache (an etcd restore, a stale read) raises
 :class:`ListRegressed`; :meth:`WatchCache.reset` then starts over and evicts every cursor.
 """
@@ -51,6 +58,7 @@ unresumable. A list older than the cache (an etcd restore, a stale read) raises
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -89,8 +97,8 @@ class WatchCache:
     replays them (see :meth:`plan`) reaches the current state; events at or below the stream
     RV are never appended twice; an RV the history cannot serve is never answered with a
     made-up 410 (``outside_window``); the history holds at most ``capacity`` events and, once
-    :meth:`apply` or :meth:`evict_expired` ran, none older than ``max_age`` except the DELETEs
-    of the latest relist while they are the newest events. No I/O, no locking.
+    :meth:`apply` or :meth:`evict_expired` ran, none older than ``max_age``. No I/O, no
+    locking.
     """
 
     def __init__(
@@ -228,6 +236,8 @@ class WatchCache:
             last = self._state.pop(key)
             obj = self._rep.with_rv(last.obj, list_rv)
             out.append(self._append(DELETED, rv, key, obj, now, relist=True))
+        if out:
+            out[-1] = self._events[-1] = dataclasses.replace(out[-1], ends_group=True)
         self._set_rv(rv, list_rv)
         self._stream = (rv, list_rv)
         self._evict(now)
@@ -339,8 +349,10 @@ class WatchCache:
             return StartPlan(initial=[], next_seq=self._next_seq, min_rv=wanted, start_rv=wanted)
         events, head = self._events, self._head
         at = bisect.bisect_right(events, wanted, lo=head, key=lambda e: e.rv)
-        # A relist group at exactly ``wanted`` is replayed whole (see the module docstring).
-        while at > head and events[at - 1].rv == wanted and events[at - 1].relist:
+        # Relist events at exactly ``wanted`` are replayed unless ``wanted`` is their list's RV
+        # (see the module docstring).
+        trusted = self._window.is_list_rv(wanted)
+        while at > head and events[at - 1].rv == wanted and events[at - 1].relist and not trusted:
             at -= 1
         next_seq = events[at].seq if at < len(events) else self._next_seq
         return StartPlan(initial=[], next_seq=next_seq, start_rv=wanted)
@@ -440,7 +452,7 @@ class WatchCache:
         while self._head < len(events) and (
             len(events) - self._head > self._capacity
             or (self._max_bytes and self._bytes > self._max_bytes)
-            or (events[self._head].time < deadline and not self._pinned(events[self._head]))
+            or events[self._head].time < deadline
         ):
             self._drop_head()
             evicted += 1
@@ -468,21 +480,21 @@ class WatchCache:
         self._head += 1
         self._bytes -= len(gone.line)
         self._charge(-len(gone.line))
-        # A client at gone.rv has seen gone and everything else at that RV — except in a
-        # relist group, which shares one RV: with part of it gone, a client at that RV
-        # could not get the whole group again, so that one RV becomes a (one-RV) gap.
-        if gone.relist and self._head < len(events) and events[self._head].rv == gone.rv:
+        # A client at gone.rv has seen gone and everything else at that RV — except at relist
+        # events below their list's RV, which are replayed: with part of them gone, a client
+        # at that RV could not get them all again, so that one RV becomes a (one-RV) gap.
+        if (
+            gone.relist
+            and self._head < len(events)
+            and events[self._head].rv == gone.rv
+            and not self._window.is_list_rv(gone.rv)
+        ):
             self._window.group_broken(gone.rv)
         self._window.evicted(gone.rv)
 
     def _charge(self, delta: int) -> None:
         if self._budget is not None:
             self._budget.charge(delta)
-
-    def _pinned(self, event: CachedEvent) -> bool:
-        # The newest relist DELETEs outlive max_age: evicting them makes their RV, which is
-        # every idle client's RV, unresumable, and each of those clients would relist.
-        return event.relist and event.type == DELETED and event.rv == self._events[-1].rv
 
     def _compact(self) -> None:
         if self._head > 1024 and self._head * 2 > len(self._events):

@@ -51,6 +51,10 @@ class ResumeWindow:
     def expired(self, rv: int) -> bool:
         return any(before < rv < after for _, before, after in self._gaps)
 
+    def is_list_rv(self, rv: int) -> bool:
+        """``rv`` is the list RV of a relist that changed it: a client there has the group."""
+        return any(after == rv and at >= 0 for at, _, after in self._gaps)
+
     def outside(self, rv: int) -> bool:
         return self.oldest is None or rv < self.oldest
 
