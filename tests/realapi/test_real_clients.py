@@ -29,7 +29,7 @@ from tests.clients.build_rust_node import ToolchainMissing as RustNodeMissing
 from tests.clients.build_rust_node import build_kubewatch, on_ci, prepare_informer
 from tests.clients.expect import ChangeLog, check_informer, check_kubers, kubers_state
 from tests.clients.process import ClientProcess, Line
-from tests.clients.streams import Event, client_state, diff_report, events, markers, order_problems
+from tests.clients.streams import Event, client_state, diff_report, events, markers
 from tests.e2e.test_rust_node_clients import node_kubeconfig
 from tests.harness import RunningProxy, proxy_for_upstream, wait_for
 from tests.realapi.fixture import RealApiServer, Unavailable, ci_requires_tier, start_kubetestenv
@@ -216,9 +216,12 @@ async def clients(
             started[name] = client
         for name, client in started.items():
             await client.wait_until(plans[name][2], what="its first list", timeout=30)
-        # Five of them watch through the hub (the protobuf informer is passed through): their
-        # watches are open before anything changes.
-        await wait_for(lambda: hub_cursors(running) >= 5, what="five hub-served watches")
+        # All six watch through the hub (the protobuf informer on a shared watch of its own
+        # encoding): their watches are open before anything changes.
+        await wait_for(lambda: hub_cursors(running) >= 6, what="six hub-served watches")
+        hub = running.proxy.hub
+        assert hub is not None
+        assert {key.representation for key in hub.watches} == {"json", "protobuf"}
         yield started
     finally:
         for client in started.values():
@@ -342,20 +345,7 @@ async def across_an_outage(
     problems: dict[str, list[str]] = {}
     for name, client in started.items():
         keep = (lambda n: n.startswith("web-")) if name == "go-watch-web" else (lambda n: True)
-        if name == "go-informer-protobuf":
-            # Passed through unshared: its own watch broke with the relay and client-go
-            # relisted (a LIST at its last RV, then Replace), which the proxy cannot hide for
-            # a stream it does not own. What must hold: nothing out of order or repeated
-            # outside that relist, and the final state (checked above).
-            # Across a compaction its relist is client-go's own Replace (adds in map order,
-            # tombstones with the last state it knew): only the final state is comparable.
-            received = [e for e in events(client.lines) if e.type != "SYNC"]
-            problems[name] = (
-                []
-                if until_compacted
-                else [p for p in order_problems(received) if "repeats" not in p]
-            )
-        elif until_compacted:
+        if until_compacted:
             problems[name] = bridged_problems(watch_events(name, client.lines), log, keep)
         elif name.startswith("kube-rs"):
             problems[name] = check_kubers(client.lines, log)

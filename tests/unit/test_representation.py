@@ -15,8 +15,8 @@ from watchproxy.kube.representation import (
     JsonRepresentation,
     PartialMetadataRepresentation,
     Representation,
-    TableRepresentation,
 )
+from watchproxy.kube.tables import TableRepresentation
 
 KUBECTL_GET_W = (
     "application/json;as=Table;v=v1;g=meta.k8s.io,"
@@ -73,8 +73,10 @@ ACCEPT_CASES: list[tuple[str | None, str | None, str | None]] = [
         None,
         None,
     ),
-    ("application/vnd.kubernetes.protobuf", None, None),
-    ("application/vnd.kubernetes.protobuf, application/json", None, None),
+    ("application/vnd.kubernetes.protobuf", None, "protobuf"),
+    ("application/vnd.kubernetes.protobuf, application/json", None, "protobuf"),
+    ("application/vnd.kubernetes.protobuf;stream=watch", None, "protobuf"),
+    ("application/vnd.kubernetes.protobuf;stream=other", None, None),
     (METADATA_PROTOBUF, None, None),
     ("application/json, application/vnd.kubernetes.protobuf", None, "json"),
     ("application/yaml", None, None),
@@ -89,7 +91,7 @@ ACCEPT_CASES: list[tuple[str | None, str | None, str | None]] = [
     ("text/plain", None, None),  # nothing acceptable: 406 from the apiserver
     # q-values: the apiserver sorts by q, then by specificity
     ("application/vnd.kubernetes.protobuf;q=0.5, application/json", None, "json"),
-    ("application/json;q=0.5, application/vnd.kubernetes.protobuf", None, None),
+    ("application/json;q=0.5, application/vnd.kubernetes.protobuf", None, "protobuf"),
     (f"application/json;q=0.9, {KUBECTL_GET_W.split(',')[0]}", None, TABLE_V1),
     ("application/json;q=1.0, application/json;as=Table;g=meta.k8s.io;v=v1;q=1", None, "json"),
     ("application/json;q=0.1, application/yaml;q=0.2", None, None),

@@ -24,8 +24,8 @@ from watchproxy.kube.negotiation import representation_for
 from watchproxy.kube.representation import (
     INITIAL_EVENTS_END_ANNOTATION,
     JsonRepresentation,
-    TableRepresentation,
 )
+from watchproxy.kube.tables import TableRepresentation
 
 Obj = dict[str, Any]
 

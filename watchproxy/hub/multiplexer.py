@@ -35,7 +35,7 @@ from watchproxy.hub.subscriber import Subscriber, SubscriberOptions
 from watchproxy.hub.watchkey import Unservable, WatchKey, identity_of, watch_key
 from watchproxy.kube.apipath import ApiPath
 from watchproxy.kube.headers import forwarded_credential
-from watchproxy.kube.representation import Representation, encode_json
+from watchproxy.kube.representation import Representation
 from watchproxy.kube.watchquery import WatchQuery
 from watchproxy.metrics import Metrics
 from watchproxy.policy.backoff import BackoffPolicy
@@ -94,6 +94,9 @@ class Hub:
         self.rng = rng or random.Random()
         self.clock = clock
         self.watches: dict[WatchKey, SharedWatch] = {}
+        # (resource, representation) pairs the apiserver cannot encode (406 to the hub's
+        # LIST): passed through from then on, without another LIST each time.
+        self.unencodable: set[tuple[str, str]] = set()
         self._retired: set[asyncio.Task[None]] = set()
         self._clients: set[asyncio.Task[Any]] = set()
         self.active_clients = 0
@@ -173,6 +176,9 @@ class Hub:
             self.metrics.passthrough_watches.labels(found.reason).inc()
             return None
         key, representation = found
+        if (key.resource_label, representation.identity) in self.unencodable:
+            self.metrics.passthrough_watches.labels("representation").inc()
+            return None
         if self.active_clients >= self.max_watches:
             raise TooManyRequests(
                 f"watchproxy serves at most {self.max_watches} watches", retry_after=5
@@ -203,6 +209,12 @@ class Hub:
                     # A 401 or 404 reads the same for both verbs and is served from the key.
                     self.metrics.passthrough_watches.labels("list-refused").inc()
                     return None
+                if refused.of_list and refused.status == 406:
+                    # No such encoding for this kind (protobuf for a custom resource): the
+                    # client's own Accept may allow another, which the apiserver picks.
+                    self.unencodable.add((key.resource_label, representation.identity))
+                    self.metrics.passthrough_watches.labels("representation").inc()
+                    return None
                 return Refusal(refused.status, refused.body, refused.content_type)
             plan = await self._plan(shared, query)
             if plan.outside_window:
@@ -210,7 +222,7 @@ class Hub:
                 self.metrics.passthrough_watches.labels("outside-window").inc()
                 return None
             try:
-                sink = await starter.start()
+                sink = await starter.start(representation.stream_content_type)
                 if plan.expired:
                     self.metrics.expired.inc()
                     self.metrics.events_sent.labels(key.resource_label).inc()
@@ -241,7 +253,9 @@ class Hub:
             self.active_clients -= 1
             shared.detach()
 
-    def serve_list(self, api_path: ApiPath, query: WatchQuery, headers: Headers) -> bytes | None:
+    def serve_list(
+        self, api_path: ApiPath, query: WatchQuery, headers: Headers
+    ) -> tuple[bytes, str] | None:
         """A LIST with resourceVersion=0 ("any state") from a synced shared watch, if one fits.
 
         Like the apiserver's watch cache, this answers without an upstream request — and keeps
@@ -255,10 +269,11 @@ class Hub:
         shared = self.watches.get(found[0])
         if shared is None or shared.closed or not shared.cache.synced:
             return None
+        rep = shared.representation
         rv = shared.cache.resource_version_str or "0"
-        body = shared.representation.list_body(shared.cache.objects_snapshot(), rv)
+        body = rep.encode_list(shared.cache.objects_snapshot(), rv)
         self.metrics.lists_from_cache.inc()
-        return encode_json(body)
+        return body, rep.content_type
 
     async def _plan(self, shared: SharedWatch, query: WatchQuery) -> StartPlan:
         """The client's start point; for an RV newer than the cache, wait for it (bounded)."""

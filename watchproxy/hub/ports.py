@@ -41,6 +41,10 @@ class UpstreamAnswer(Protocol):
         """
         ...
 
+    def frames(self) -> AsyncGenerator[bytes, None]:
+        """The body as length-prefixed frames (a protobuf watch), each with its prefix."""
+        ...
+
     def close(self) -> None:
         """Release the connection; after a body was read whole it may be reused."""
         ...
@@ -107,6 +111,6 @@ class WatchSink(Protocol):
 class WatchStarter(Protocol):
     """Sends a client watch's 200 and headers when the hub is ready to stream."""
 
-    async def start(self) -> WatchSink:
+    async def start(self, content_type: str) -> WatchSink:
         """``ConnectionError`` when the client has gone already."""
         ...

@@ -76,7 +76,7 @@ from watchproxy.hub.cachetypes import (
 )
 from watchproxy.hub.historybudget import HistoryBudget
 from watchproxy.hub.window import ResumeWindow
-from watchproxy.kube.representation import Representation, encode_json
+from watchproxy.kube.representation import Representation
 
 _EVENT_TYPES = frozenset({ADDED, MODIFIED, DELETED})
 Obj = dict[str, Any]
@@ -380,7 +380,7 @@ class WatchCache:
         oldest = self._window.oldest or 0
         shown = str(int(rv)) if rv.isascii() and rv.isdigit() else rv
         status = status_object(410, "Expired", f"too old resource version: {shown} ({oldest})")
-        return b'{"type":"ERROR","object":' + encode_json(status) + b"}\n"
+        return self._rep.error_line(status)
 
     def cut_line(self, seq: int, start_rv: int) -> bytes | None:
         """The apiserver's 410 line for a subscriber at a backfill cutoff, else None."""

@@ -11,20 +11,20 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from watchproxy.kube.protobuf import ProtobufRepresentation
 from watchproxy.kube.representation import (
     META_GROUP,
     META_VERSIONS,
     JsonRepresentation,
     PartialMetadataRepresentation,
     Representation,
-    TableRepresentation,
 )
+from watchproxy.kube.tables import TableRepresentation
 
 _Q_VALUE = re.compile(r"^(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)$")
 _UNSUPPORTED_TYPES = frozenset(
     {
         "application/yaml",
-        "application/vnd.kubernetes.protobuf",
         "application/cbor",
         "application/cbor-seq",
         "application/json",  # only reached when the case differs from the apiserver's
@@ -123,6 +123,13 @@ def _from_json_params(params: Mapping[str, str], include_object: str | None) -> 
     raise _Unservable  # PartialObjectMetadataList on a watch, or an unknown kind
 
 
+def _from_protobuf_params(params: Mapping[str, str]) -> Representation:
+    # Only the kind's own protobuf: PartialObjectMetadata and Table in protobuf are not shared.
+    if any(name != "stream" for name in params) or params.get("stream", "") not in ("", "watch"):
+        raise _Unservable
+    return ProtobufRepresentation()
+
+
 def representation_for(accept: str | None, include_object: str | None) -> Representation | None:
     """The representation the apiserver would serve for this watch, or None to pass through.
 
@@ -137,6 +144,8 @@ def representation_for(accept: str | None, include_object: str | None) -> Repres
             if (type_, sub) in (("application", "json"), ("application", "*"), ("*", "*")):
                 # application/json is the apiserver's first serializer, so wildcards pick it.
                 return _from_json_params(params, include_object)
+            if (type_, sub) == ("application", "vnd.kubernetes.protobuf"):
+                return _from_protobuf_params(params)
             if f"{type_}/{sub}".lower() in _UNSUPPORTED_TYPES:
                 raise _Unservable
         return None  # nothing acceptable: the apiserver answers 406 Not Acceptable

@@ -1,26 +1,14 @@
 """Which representation of a watched resource a client asked for, and how to serve it faithfully.
 
-A shared watch carries ONE representation: plain JSON, ``PartialObjectMetadata`` or ``Table``.
+A shared watch carries ONE representation: plain JSON, ``PartialObjectMetadata``, ``Table``, or
+the kind's own protobuf (:mod:`watchproxy.kube.protobuf`).
 :func:`watchproxy.kube.negotiation.representation_for` picks one from a client's ``Accept``
 header (and ``includeObject``) as the apiserver's content negotiation does, and returns ``None``
-whenever the proxy could not be sure to answer byte-for-byte what the apiserver would (protobuf,
-YAML or CBOR chosen first, unknown ``as=``, ``pretty``/``sv``/``export``, unknown ``stream=``,
-media types that only match case-insensitively, unparsable q-values, an ordering that Go's sort
-might not reproduce). Such requests are passed through unchanged.
-
-Table watches, as the apiserver sends them: every event's object is a ``Table`` with exactly one
-row (the apiserver converts each event's object alone), ``metadata.resourceVersion`` = that
-object's RV, and ``columnDefinitions`` ONLY in the first event of a stream
-(``watchEmbeddedEncoder.doEncode`` sets ``tableOptions.NoHeaders = true`` after the first event,
-in ``k8s.io/apiserver/pkg/endpoints/handlers/response.go``). kubectl's table printer keeps the
-columns of the last table that had them ("This is done when receiving tables in watch events to
-save bandwidth") and prints no cell beyond ``len(columnDefinitions)``, so a client whose first
-event lacks them prints nothing useful. A shared upstream stream carries the columns only in
-its first event, so :class:`TableRepresentation` stores events WITHOUT columns, remembers the
-columns (from the LIST and from upstream events) and adds them back to the first line written
-to each client with :meth:`Representation.first_line_fixup`. When the columns change mid-stream
-(a CRD's printer columns, an apiserver upgrade) the next stored event carries the new columns,
-which kubectl handles as a new header.
+whenever the proxy could not be sure to answer byte-for-byte what the apiserver would (YAML,
+CBOR or protobuf ``as=`` chosen first, unknown ``as=``, ``pretty``/``sv``/``export``, unknown
+``stream=``, media types that only match case-insensitively, unparsable q-values, an ordering
+that Go's sort might not reproduce). Such requests are passed through unchanged. Tables:
+:mod:`watchproxy.kube.tables`.
 
 Representations are stateful (they learn the kind and the columns): one instance per shared
 watch. Object dicts handed in are never mutated; dicts handed out must not be mutated either.
@@ -37,7 +25,6 @@ __all__ = [
     "JsonRepresentation",
     "PartialMetadataRepresentation",
     "Representation",
-    "TableRepresentation",
     "encode_json",
 ]
 
@@ -57,15 +44,15 @@ def encode_json(value: Any) -> bytes:
         return json.dumps(value, separators=(",", ":")).encode()
 
 
-def _metadata(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+def metadata_of(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     meta = obj.get("metadata")
     if not isinstance(meta, Mapping):
         raise ValueError("object has no metadata")
     return meta
 
 
-def _key_of(obj: Mapping[str, Any]) -> str:
-    meta = _metadata(obj)
+def key_of(obj: Mapping[str, Any]) -> str:
+    meta = metadata_of(obj)
     name = meta.get("name")
     if not isinstance(name, str) or not name:
         raise ValueError("object has no metadata.name")
@@ -73,20 +60,20 @@ def _key_of(obj: Mapping[str, Any]) -> str:
     return f"{namespace}/{name}" if namespace else name
 
 
-def _rv_of(obj: Mapping[str, Any]) -> str:
-    rv = _metadata(obj).get("resourceVersion")
+def rv_of(obj: Mapping[str, Any]) -> str:
+    rv = metadata_of(obj).get("resourceVersion")
     if not isinstance(rv, str) or not rv:
         raise ValueError("object has no metadata.resourceVersion")
     return rv
 
 
-def _replace_rv(obj: Mapping[str, Any], rv: str) -> Obj:
+def replace_rv(obj: Mapping[str, Any], rv: str) -> Obj:
     out = dict(obj)
-    out["metadata"] = {**_metadata(obj), "resourceVersion": rv}
+    out["metadata"] = {**metadata_of(obj), "resourceVersion": rv}
     return out
 
 
-def _typed(obj: Mapping[str, Any], api_version: str | None, kind: str | None) -> Obj:
+def typed(obj: Mapping[str, Any], api_version: str | None, kind: str | None) -> Obj:
     """``obj`` with kind and apiVersion first (list items omit them; events carry them)."""
     head: Obj = {}
     kind = obj.get("kind", kind)
@@ -99,14 +86,14 @@ def _typed(obj: Mapping[str, Any], api_version: str | None, kind: str | None) ->
     return head
 
 
-def _bookmark_metadata(rv: str, initial_events_end: bool) -> Obj:
+def bookmark_metadata(rv: str, initial_events_end: bool) -> Obj:
     meta: Obj = {"resourceVersion": rv}
     if initial_events_end:
         meta["annotations"] = {INITIAL_EVENTS_END_ANNOTATION: "true"}
     return meta
 
 
-def _list_of(body: Mapping[str, Any], field: str) -> list[Any]:
+def list_of(body: Mapping[str, Any], field: str) -> list[Any]:
     items = body.get(field)
     if items is None:
         return []
@@ -115,8 +102,8 @@ def _list_of(body: Mapping[str, Any], field: str) -> list[Any]:
     return items
 
 
-def _list_rv(body: Mapping[str, Any]) -> str:
-    rv = _metadata(body).get("resourceVersion")
+def list_rv(body: Mapping[str, Any]) -> str:
+    rv = metadata_of(body).get("resourceVersion")
     if not isinstance(rv, str) or not rv:
         raise ValueError("list has no metadata.resourceVersion")
     return rv
@@ -134,6 +121,7 @@ class Representation:
     identity: str
     list_accept_header: str  # Accept for the upstream LIST
     watch_accept_header: str  # Accept for the upstream WATCH
+    framed = False  # a watch body of length-prefixed frames (protobuf), not of lines
 
     @property
     def accept_header(self) -> str:
@@ -153,6 +141,34 @@ class Representation:
     def content_type(self) -> str:
         return JSON
 
+    @property
+    def stream_content_type(self) -> str:
+        """The Content-Type of a watch response."""
+        return JSON
+
+    def decode_list_page(self, body: bytes) -> tuple[list[Obj], str, str]:
+        """One upstream LIST page → (watch-event objects, its resourceVersion, continue)."""
+        document = json.loads(body)
+        items, rv = self.list_items(document)
+        return items, rv, (document.get("metadata") or {}).get("continue") or ""
+
+    def decode_event(self, record: bytes) -> tuple[str, Obj]:
+        """One upstream watch record (a line, or a frame) → (type, object)."""
+        event = json.loads(record)
+        return event.get("type"), event.get("object") or {}
+
+    def encode_list(self, objects: list[Obj], rv: str) -> bytes:
+        """A LIST response body of ``objects`` at ``rv``."""
+        return encode_json(self.list_body(objects, rv))
+
+    def error_line(self, status: Mapping[str, Any]) -> bytes:
+        """An ERROR event carrying ``status`` (a Status object)."""
+        return self.encode_event("ERROR", status)
+
+    def error_event_from_body(self, body: bytes) -> bytes:
+        """An ERROR event carrying an upstream error answer's Status body."""
+        return b'{"type":"ERROR","object":' + body.strip() + b"}\n"
+
     def learn_kind(self, api_version: str, kind: str) -> None:
         """Seed the watched kind (used by BOOKMARK objects) before any list or event."""
         self._api_version, self._kind = api_version, kind
@@ -166,17 +182,17 @@ class Representation:
         raise NotImplementedError
 
     def object_key(self, obj: Mapping[str, Any]) -> str:
-        return _key_of(obj)
+        return key_of(obj)
 
     def object_rv(self, obj: Mapping[str, Any]) -> str:
-        return _rv_of(obj)
+        return rv_of(obj)
 
     def with_rv(self, obj: Mapping[str, Any], rv: str) -> Obj:
-        return _replace_rv(obj, rv)
+        return replace_rv(obj, rv)
 
     def bookmark_object(self, rv: str, *, initial_events_end: bool = False) -> Obj:
-        return _typed(
-            {"metadata": _bookmark_metadata(rv, initial_events_end)},
+        return typed(
+            {"metadata": bookmark_metadata(rv, initial_events_end)},
             self._api_version,
             self._kind,
         )
@@ -217,8 +233,8 @@ class JsonRepresentation(Representation):
             api_version = None
         if kind is not None and api_version is not None:
             self._kind, self._api_version = kind, api_version
-        items = [_typed(item, api_version, kind) for item in _list_of(list_body, "items")]
-        return items, _list_rv(list_body)
+        items = [typed(item, api_version, kind) for item in list_of(list_body, "items")]
+        return items, list_rv(list_body)
 
     def list_body(self, objects: list[Obj], rv: str) -> Obj:
         body: Obj = {}
@@ -255,10 +271,8 @@ class PartialMetadataRepresentation(Representation):
     def list_items(self, list_body: Mapping[str, Any]) -> tuple[list[Obj], str]:
         if list_body.get("kind") != "PartialObjectMetadataList":
             raise ValueError(f"expected a PartialObjectMetadataList, got {list_body.get('kind')}")
-        items = [
-            _typed(item, self._api_version, self._kind) for item in _list_of(list_body, "items")
-        ]
-        return items, _list_rv(list_body)
+        items = [typed(item, self._api_version, self._kind) for item in list_of(list_body, "items")]
+        return items, list_rv(list_body)
 
     def list_body(self, objects: list[Obj], rv: str) -> Obj:
         return {
@@ -267,147 +281,3 @@ class PartialMetadataRepresentation(Representation):
             "metadata": {"resourceVersion": rv},
             "items": objects,
         }
-
-
-class TableRepresentation(Representation):
-    """``as=Table``: each event is a one-row Table; columns go to each client's first event.
-
-    Stored objects never carry ``columnDefinitions`` except in a history line that announces
-    changed columns; :meth:`first_line_fixup` adds the current columns to a line without them.
-    """
-
-    def __init__(self, version: str, include_object: str) -> None:
-        super().__init__()
-        self._table_api_version = f"{META_GROUP}/{version}"
-        self.include_object = include_object
-        self.identity = f"{self._table_api_version}:Table:{include_object}"
-        header = f"{JSON};as=Table;g={META_GROUP};v={version}"
-        self.list_accept_header = header
-        self.watch_accept_header = header
-        self._columns: list[Any] | None = None
-        self._columns_json = b""
-        self._announce = False
-
-    @property
-    def query_params(self) -> Mapping[str, str]:
-        return {"includeObject": self.include_object}
-
-    @property
-    def columns(self) -> list[Any] | None:
-        return self._columns
-
-    def _learn_columns(self, columns: Any) -> None:
-        if not isinstance(columns, list) or not columns or columns == self._columns:
-            return
-        if self._columns is not None:
-            self._announce = True
-        self._columns = columns
-        self._columns_json = encode_json(columns)
-
-    def _row_object(self, obj: Mapping[str, Any]) -> Mapping[str, Any]:
-        rows = obj.get("rows")
-        if not isinstance(rows, list) or not rows or not isinstance(rows[0], Mapping):
-            raise ValueError("Table has no rows")
-        row_obj = rows[0].get("object")
-        if not isinstance(row_obj, Mapping):
-            raise ValueError("Table row has no object")
-        return row_obj
-
-    def object_key(self, obj: Mapping[str, Any]) -> str:
-        return _key_of(self._row_object(obj))
-
-    def object_rv(self, obj: Mapping[str, Any]) -> str:
-        return _rv_of(self._row_object(obj))
-
-    def with_rv(self, obj: Mapping[str, Any], rv: str) -> Obj:
-        rows = obj["rows"]
-        row = {**rows[0], "object": _replace_rv(self._row_object(obj), rv)}
-        out = _replace_rv(obj, rv) if isinstance(obj.get("metadata"), Mapping) else dict(obj)
-        out["rows"] = [row, *rows[1:]]
-        return out
-
-    def _single(self, row: Mapping[str, Any]) -> Obj:
-        row_obj = row.get("object")
-        if not isinstance(row_obj, Mapping):
-            raise ValueError("Table row has no object (includeObject=None is not shared)")
-        return {
-            "kind": "Table",
-            "apiVersion": self._table_api_version,
-            "metadata": {"resourceVersion": _rv_of(row_obj)},
-            "rows": [row],
-        }
-
-    def _learn_row_kind(self, row: Any) -> None:
-        if self.include_object == "Object" and isinstance(row, Mapping):
-            row_obj = row.get("object")
-            if isinstance(row_obj, Mapping):
-                kind, api_version = row_obj.get("kind"), row_obj.get("apiVersion")
-                if isinstance(kind, str) and isinstance(api_version, str):
-                    self._kind, self._api_version = kind, api_version
-
-    def list_items(self, list_body: Mapping[str, Any]) -> tuple[list[Obj], str]:
-        if list_body.get("kind") != "Table":
-            raise ValueError(f"expected a Table, got {list_body.get('kind')}")
-        self._learn_columns(list_body.get("columnDefinitions"))
-        rows = _list_of(list_body, "rows")
-        if rows:
-            self._learn_row_kind(rows[-1])
-        return [self._single(row) for row in rows], _list_rv(list_body)
-
-    def list_body(self, objects: list[Obj], rv: str) -> Obj:
-        rows = [row for obj in objects for row in _list_of(obj, "rows")]
-        return {
-            "kind": "Table",
-            "apiVersion": self._table_api_version,
-            "metadata": {"resourceVersion": rv},
-            "columnDefinitions": self._columns or [],
-            "rows": rows,
-        }
-
-    def prepare(self, obj: Obj) -> Obj:
-        if "columnDefinitions" in obj:
-            self._learn_columns(obj["columnDefinitions"])
-            obj = {k: v for k, v in obj.items() if k != "columnDefinitions"}
-        rows = obj.get("rows")
-        if isinstance(rows, list) and rows:
-            self._learn_row_kind(rows[0])
-        return obj
-
-    def bookmark_object(self, rv: str, *, initial_events_end: bool = False) -> Obj:
-        # The apiserver converts the bookmark's empty object to a Table too: one row whose
-        # object carries the RV (and the initial-events-end annotation). Its cells depend on
-        # the server's printer for an empty object, which we cannot know: we send none.
-        meta = _bookmark_metadata(rv, initial_events_end)
-        if self.include_object == "Object":
-            row_obj = _typed({"metadata": meta}, self._api_version, self._kind)
-        else:
-            row_obj = {
-                "kind": "PartialObjectMetadata",
-                "apiVersion": self._table_api_version,
-                "metadata": meta,
-            }
-        return {
-            "kind": "Table",
-            "apiVersion": self._table_api_version,
-            "metadata": {"resourceVersion": rv},
-            "rows": [{"cells": [], "object": row_obj}],
-        }
-
-    def stream_line(self, event_type: str, obj: Mapping[str, Any]) -> bytes:
-        if self._announce and self._columns is not None:
-            self._announce = False
-            return self.encode_event(event_type, {"columnDefinitions": self._columns, **obj})
-        return self.encode_event(event_type, obj)
-
-    def first_line_fixup(self, line: bytes) -> bytes:
-        if not self._columns_json or line.startswith(b'{"type":"ERROR"'):
-            return line
-        marker = b'","object":{'
-        at = line.find(marker)
-        if at < 0:
-            return line
-        at += len(marker)
-        if line.startswith(b'"columnDefinitions":', at):
-            return line
-        sep = b"" if line.startswith(b"}", at) else b","
-        return line[:at] + b'"columnDefinitions":' + self._columns_json + sep + line[at:]

@@ -86,9 +86,9 @@ class _Starter:
         self._request = request
         self.response: web.StreamResponse | None = None
 
-    async def start(self) -> ResponseSink:
+    async def start(self, content_type: str) -> ResponseSink:
         response = web.StreamResponse(status=200)
-        response.content_type = "application/json"
+        response.headers["Content-Type"] = content_type
         response.enable_chunked_encoding()
         response.headers["Cache-Control"] = "no-cache, private"
         self.response = response
@@ -122,7 +122,10 @@ class HubEndpoint:
     def serve_list(
         self, request: web.Request, api_path: ApiPath, query: WatchQuery
     ) -> web.Response | None:
-        body = self.hub.serve_list(api_path, query, request.headers)
-        if body is None:
+        served = self.hub.serve_list(api_path, query, request.headers)
+        if served is None:
             return None
-        return web.Response(body=body, content_type="application/json")
+        body, content_type = served
+        answer = web.Response(body=body)
+        answer.headers["Content-Type"] = content_type
+        return answer

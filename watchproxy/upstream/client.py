@@ -344,6 +344,28 @@ async def read_lines(response: aiohttp.ClientResponse, max_line: int) -> AsyncIt
             start = end + 1
 
 
+async def read_frames(response: aiohttp.ClientResponse, max_frame: int) -> AsyncIterator[bytes]:
+    """Yield the length-prefixed frames of a protobuf watch body, each with its prefix.
+
+    The prefix is a 4-byte big-endian length; a frame over ``max_frame`` raises
+    ``LineTooLong``. A truncated final frame is not yielded (as a truncated line is not).
+    """
+    buffer = bytearray()
+    async for chunk in response.content.iter_any():
+        buffer += chunk
+        start = 0
+        while len(buffer) - start >= 4:
+            size = int.from_bytes(buffer[start : start + 4], "big")
+            if size > max_frame:
+                raise LineTooLong(size)
+            end = start + 4 + size
+            if len(buffer) < end:
+                break
+            yield bytes(buffer[start:end])
+            start = end
+        del buffer[:start]
+
+
 def describe(error: BaseException) -> str:
     """A short, credential-free cause for logs and Status messages."""
     if isinstance(error, aiohttp.ClientConnectorCertificateError):

@@ -8,14 +8,14 @@ connection) is kept alive by whoever handles it.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 
 import aiohttp
 
 from watchproxy.config import UpstreamConfig
 from watchproxy.errors import UpstreamTimeout, UpstreamUnavailable
 from watchproxy.policy.ratelimit import parse_retry_after
-from watchproxy.upstream.client import LineTooLong, Upstream, describe, read_lines
+from watchproxy.upstream.client import LineTooLong, Upstream, describe, read_frames, read_lines
 
 
 class _Answer:
@@ -50,13 +50,18 @@ class _Answer:
             return body
         raise UpstreamUnavailable(f"the upstream answer broke: {failure}")
 
-    async def lines(self) -> AsyncGenerator[bytes, None]:
+    def lines(self) -> AsyncGenerator[bytes, None]:
+        return self._records(read_lines(self._response, self._max_line))
+
+    def frames(self) -> AsyncGenerator[bytes, None]:
+        return self._records(read_frames(self._response, self._max_line))
+
+    async def _records(self, inner: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:
         # The failure is turned into a message inside the ``except`` and raised after it, so
         # the aiohttp exception, its traceback and the connection it holds are released
         # before anyone awaits anything (see issue 10).
         failure: str | None = None
         timed_out = False
-        inner = read_lines(self._response, self._max_line)
         try:
             async for line in inner:
                 yield line

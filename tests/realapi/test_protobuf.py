@@ -1,0 +1,185 @@
+"""Protobuf watches shared by the hub, against the real kube-apiserver (issue 16, part 1).
+
+The rule (README, "Protobuf"): one shared upstream watch per encoding. A protobuf client of a
+built-in kind is served from a protobuf shared watch, frame for frame what the apiserver sends;
+a kind the apiserver cannot encode in protobuf (a custom resource) is passed through, so the
+client gets whatever its own ``Accept`` allows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from tests.harness import wait_for
+from tests.realapi.fixture import RealApiServer
+from tests.realapi.kubeapi import Api
+from tests.realapi.test_real_apiserver import configmap, proxy
+from watchproxy.kube.protobuf import PROTOBUF, ProtobufRepresentation
+
+ACCEPT = {"Accept": PROTOBUF + ", application/json"}
+
+
+class Frames:
+    """The decoded frames of one protobuf watch, as (type, name, resourceVersion), and raw."""
+
+    def __init__(self) -> None:
+        self.raw: list[bytes] = []
+        self.events: list[tuple[str, str, str]] = []
+        self.changed = asyncio.Event()
+        self.content_type = ""
+
+    async def read(self, response: aiohttp.ClientResponse) -> None:
+        self.content_type = response.headers.get("Content-Type", "")
+        rep = ProtobufRepresentation()
+        buffer = b""
+        async for chunk in response.content.iter_any():
+            buffer += chunk
+            while len(buffer) >= 4 and len(buffer) >= 4 + int.from_bytes(buffer[:4], "big"):
+                size = 4 + int.from_bytes(buffer[:4], "big")
+                record, buffer = buffer[:size], buffer[size:]
+                kind, obj = rep.decode_event(record)
+                meta = obj.get("metadata", {})
+                self.raw.append(record)
+                self.events.append((kind, meta.get("name", ""), meta.get("resourceVersion", "")))
+                self.changed.set()
+
+    async def wait(self, done: Any, what: str, timeout: float = 15.0) -> None:
+        async with asyncio.timeout(timeout):
+            while not done(self.events):
+                self.changed.clear()
+                await self.changed.wait()
+
+
+@contextlib.asynccontextmanager
+async def protobuf_watch(api: Api, path: str) -> AsyncIterator[Frames]:
+    frames = Frames()
+    headers = {**api.headers, **ACCEPT}
+    async with api.session.get(api.base + path, headers=headers, ssl=api.ssl) as response:
+        assert response.status == 200, await response.text()
+        reader = asyncio.ensure_future(frames.read(response))
+        try:
+            yield frames
+        finally:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+
+
+def changes(events: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
+    return [e for e in events if e[0] != "BOOKMARK"]
+
+
+async def test_a_protobuf_watch_is_served_frame_for_frame_as_the_apiserver_sends_it(
+    tmp_path: Path, real_apiserver: RealApiServer, direct: Api, namespace: str
+) -> None:
+    cms = f"/api/v1/namespaces/{namespace}/configmaps"
+    await direct.ok("POST", cms, body=configmap("before"))
+    start = (await direct.ok("GET", cms))["metadata"]["resourceVersion"]
+    async with proxy(tmp_path, real_apiserver) as (running, via):
+        watch = f"{cms}?watch=1&resourceVersion={start}"
+        async with protobuf_watch(via, watch) as proxied, protobuf_watch(direct, watch) as oracle:
+            hub = running.proxy.hub
+            assert hub is not None
+            await wait_for(lambda: any(k.representation == "protobuf" for k in hub.watches))
+            await direct.ok("POST", cms, body=configmap("a"))
+            await direct.ok("PUT", f"{cms}/a", body=configmap("a", "2"))
+            await direct.ok("DELETE", f"{cms}/before")
+            for frames in (oracle, proxied):
+                await frames.wait(lambda ev: len(changes(ev)) == 3, "three changes")
+            assert changes(proxied.events) == changes(oracle.events)
+            assert [e[0] for e in changes(proxied.events)] == ["ADDED", "MODIFIED", "DELETED"]
+            assert proxied.raw == oracle.raw  # byte for byte, envelope and all
+            assert proxied.content_type == oracle.content_type
+
+            # A second protobuf client resumes from the first change: the shared history.
+            first_rv = proxied.events[0][2]
+            async with protobuf_watch(via, f"{cms}?watch=1&resourceVersion={first_rv}") as late:
+                await late.wait(lambda ev: len(changes(ev)) == 2, "the two later changes")
+                assert late.raw == proxied.raw[1:]
+            # resourceVersion=0 lists are answered from the protobuf shared watch's state.
+            cached = await via.request("GET", cms + "?resourceVersion=0", headers=ACCEPT)
+            assert cached.status == 200
+            items, _, _ = ProtobufRepresentation().decode_list_page(cached.body)
+            assert [o["metadata"]["name"] for o in items] == ["a"]
+        lists = running.proxy.metrics.registry.get_sample_value("watchproxy_lists_from_cache_total")
+        assert lists == 1
+
+
+async def test_a_json_and_a_protobuf_watch_of_one_resource_use_one_upstream_watch_each(
+    tmp_path: Path, real_apiserver: RealApiServer, direct: Api, namespace: str
+) -> None:
+    cms = f"/api/v1/namespaces/{namespace}/configmaps"
+    async with (
+        proxy(tmp_path, real_apiserver) as (running, via),
+        protobuf_watch(via, f"{cms}?watch=1") as pb1,
+        protobuf_watch(via, f"{cms}?watch=1") as pb2,
+        via.watch(f"{cms}?watch=1") as js,
+    ):
+        hub = running.proxy.hub
+        assert hub is not None
+        await wait_for(lambda: hub.active_clients == 3, what="three hub-served watches")
+        assert sorted(k.representation for k in hub.watches) == ["json", "protobuf"]
+        await direct.ok("POST", cms, body=configmap("x"))
+        for frames in (pb1, pb2):
+            await frames.wait(lambda ev: ("ADDED", "x") in {e[:2] for e in ev}, "x")
+        await js.wait_for(
+            lambda events: any(e["object"]["metadata"]["name"] == "x" for e in events),
+            what="x as JSON",
+        )
+        assert pb1.raw == pb2.raw
+
+
+def established(crd: dict[str, Any]) -> bool:
+    conditions = (crd.get("status") or {}).get("conditions") or []
+    return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+
+
+async def test_a_custom_resource_asked_for_in_protobuf_is_passed_through(
+    tmp_path: Path, real_apiserver: RealApiServer, direct: Api, namespace: str
+) -> None:
+    group = f"g{namespace.replace('-', '')}.example.com"
+    crd = {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"widgets.{group}"},
+        "spec": {
+            "group": group,
+            "scope": "Namespaced",
+            "names": {"plural": "widgets", "singular": "widget", "kind": "Widget"},
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": {"type": "object"}},
+                }
+            ],
+        },
+    }
+    crds = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+    name = crd["metadata"]["name"]
+    async with direct.watch(f"{crds}?watch=1&fieldSelector=metadata.name={name}") as stream:
+        await direct.ok("POST", crds, body=crd)
+        await stream.wait_for(
+            lambda events: any(established(e["object"]) for e in events),
+            what="the CRD established",
+            timeout=30,
+        )
+    widgets = f"/apis/{group}/v1/namespaces/{namespace}/widgets"
+    async with proxy(tmp_path, real_apiserver) as (running, via):
+        for _ in range(2):
+            answer = await via.request("GET", widgets + "?watch=1&timeoutSeconds=1", headers=ACCEPT)
+            assert answer.status == 200
+            assert answer.headers.get("Content-Type", "").startswith("application/json")
+        passed = running.proxy.metrics.registry.get_sample_value(
+            "watchproxy_watch_passthrough_total", {"reason": "representation"}
+        )
+        assert passed == 2
+        # One LIST told the hub; the second watch went straight through.
+        hub = running.proxy.hub
+        assert hub is not None and not hub.watches

@@ -1,0 +1,180 @@
+"""``as=Table`` watches and lists (``kubectl get -w``), served from a shared watch.
+
+Table watches, as the apiserver sends them: every event's object is a ``Table`` with exactly one
+row (the apiserver converts each event's object alone), ``metadata.resourceVersion`` = that
+object's RV, and ``columnDefinitions`` ONLY in the first event of a stream
+(``watchEmbeddedEncoder.doEncode`` sets ``tableOptions.NoHeaders = true`` after the first event,
+in ``k8s.io/apiserver/pkg/endpoints/handlers/response.go``). kubectl's table printer keeps the
+columns of the last table that had them ("This is done when receiving tables in watch events to
+save bandwidth") and prints no cell beyond ``len(columnDefinitions)``, so a client whose first
+event lacks them prints nothing useful. A shared upstream stream carries the columns only in
+its first event, so :class:`TableRepresentation` stores events WITHOUT columns, remembers the
+columns (from the LIST and from upstream events) and adds them back to the first line written
+to each client with :meth:`Representation.first_line_fixup`. When the columns change mid-stream
+(a CRD's printer columns, an apiserver upgrade) the next stored event carries the new columns,
+which kubectl handles as a new header.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from watchproxy.kube.representation import (
+    JSON,
+    META_GROUP,
+    Obj,
+    Representation,
+    bookmark_metadata,
+    encode_json,
+    key_of,
+    list_of,
+    list_rv,
+    replace_rv,
+    rv_of,
+    typed,
+)
+
+
+class TableRepresentation(Representation):
+    """``as=Table``: each event is a one-row Table; columns go to each client's first event.
+
+    Stored objects never carry ``columnDefinitions`` except in a history line that announces
+    changed columns; :meth:`first_line_fixup` adds the current columns to a line without them.
+    """
+
+    def __init__(self, version: str, include_object: str) -> None:
+        super().__init__()
+        self._table_api_version = f"{META_GROUP}/{version}"
+        self.include_object = include_object
+        self.identity = f"{self._table_api_version}:Table:{include_object}"
+        header = f"{JSON};as=Table;g={META_GROUP};v={version}"
+        self.list_accept_header = header
+        self.watch_accept_header = header
+        self._columns: list[Any] | None = None
+        self._columns_json = b""
+        self._announce = False
+
+    @property
+    def query_params(self) -> Mapping[str, str]:
+        return {"includeObject": self.include_object}
+
+    @property
+    def columns(self) -> list[Any] | None:
+        return self._columns
+
+    def _learn_columns(self, columns: Any) -> None:
+        if not isinstance(columns, list) or not columns or columns == self._columns:
+            return
+        if self._columns is not None:
+            self._announce = True
+        self._columns = columns
+        self._columns_json = encode_json(columns)
+
+    def _row_object(self, obj: Mapping[str, Any]) -> Mapping[str, Any]:
+        rows = obj.get("rows")
+        if not isinstance(rows, list) or not rows or not isinstance(rows[0], Mapping):
+            raise ValueError("Table has no rows")
+        row_obj = rows[0].get("object")
+        if not isinstance(row_obj, Mapping):
+            raise ValueError("Table row has no object")
+        return row_obj
+
+    def object_key(self, obj: Mapping[str, Any]) -> str:
+        return key_of(self._row_object(obj))
+
+    def object_rv(self, obj: Mapping[str, Any]) -> str:
+        return rv_of(self._row_object(obj))
+
+    def with_rv(self, obj: Mapping[str, Any], rv: str) -> Obj:
+        rows = obj["rows"]
+        row = {**rows[0], "object": replace_rv(self._row_object(obj), rv)}
+        out = replace_rv(obj, rv) if isinstance(obj.get("metadata"), Mapping) else dict(obj)
+        out["rows"] = [row, *rows[1:]]
+        return out
+
+    def _single(self, row: Mapping[str, Any]) -> Obj:
+        row_obj = row.get("object")
+        if not isinstance(row_obj, Mapping):
+            raise ValueError("Table row has no object (includeObject=None is not shared)")
+        return {
+            "kind": "Table",
+            "apiVersion": self._table_api_version,
+            "metadata": {"resourceVersion": rv_of(row_obj)},
+            "rows": [row],
+        }
+
+    def _learn_row_kind(self, row: Any) -> None:
+        if self.include_object == "Object" and isinstance(row, Mapping):
+            row_obj = row.get("object")
+            if isinstance(row_obj, Mapping):
+                kind, api_version = row_obj.get("kind"), row_obj.get("apiVersion")
+                if isinstance(kind, str) and isinstance(api_version, str):
+                    self._kind, self._api_version = kind, api_version
+
+    def list_items(self, list_body: Mapping[str, Any]) -> tuple[list[Obj], str]:
+        if list_body.get("kind") != "Table":
+            raise ValueError(f"expected a Table, got {list_body.get('kind')}")
+        self._learn_columns(list_body.get("columnDefinitions"))
+        rows = list_of(list_body, "rows")
+        if rows:
+            self._learn_row_kind(rows[-1])
+        return [self._single(row) for row in rows], list_rv(list_body)
+
+    def list_body(self, objects: list[Obj], rv: str) -> Obj:
+        rows = [row for obj in objects for row in list_of(obj, "rows")]
+        return {
+            "kind": "Table",
+            "apiVersion": self._table_api_version,
+            "metadata": {"resourceVersion": rv},
+            "columnDefinitions": self._columns or [],
+            "rows": rows,
+        }
+
+    def prepare(self, obj: Obj) -> Obj:
+        if "columnDefinitions" in obj:
+            self._learn_columns(obj["columnDefinitions"])
+            obj = {k: v for k, v in obj.items() if k != "columnDefinitions"}
+        rows = obj.get("rows")
+        if isinstance(rows, list) and rows:
+            self._learn_row_kind(rows[0])
+        return obj
+
+    def bookmark_object(self, rv: str, *, initial_events_end: bool = False) -> Obj:
+        # The apiserver converts the bookmark's empty object to a Table too: one row whose
+        # object carries the RV (and the initial-events-end annotation). Its cells depend on
+        # the server's printer for an empty object, which we cannot know: we send none.
+        meta = bookmark_metadata(rv, initial_events_end)
+        if self.include_object == "Object":
+            row_obj = typed({"metadata": meta}, self._api_version, self._kind)
+        else:
+            row_obj = {
+                "kind": "PartialObjectMetadata",
+                "apiVersion": self._table_api_version,
+                "metadata": meta,
+            }
+        return {
+            "kind": "Table",
+            "apiVersion": self._table_api_version,
+            "metadata": {"resourceVersion": rv},
+            "rows": [{"cells": [], "object": row_obj}],
+        }
+
+    def stream_line(self, event_type: str, obj: Mapping[str, Any]) -> bytes:
+        if self._announce and self._columns is not None:
+            self._announce = False
+            return self.encode_event(event_type, {"columnDefinitions": self._columns, **obj})
+        return self.encode_event(event_type, obj)
+
+    def first_line_fixup(self, line: bytes) -> bytes:
+        if not self._columns_json or line.startswith(b'{"type":"ERROR"'):
+            return line
+        marker = b'","object":{'
+        at = line.find(marker)
+        if at < 0:
+            return line
+        at += len(marker)
+        if line.startswith(b'"columnDefinitions":', at):
+            return line
+        sep = b"" if line.startswith(b"}", at) else b","
+        return line[:at] + b'"columnDefinitions":' + self._columns_json + sep + line[at:]
