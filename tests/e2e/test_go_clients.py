@@ -267,7 +267,9 @@ async def test_json_protobuf_and_default_informers_at_once(
 ) -> None:
     """Two JSON informers share one upstream watch. The protobuf one, and one left with
     client-go's default content type (which prefers protobuf for built-in types), are passed
-    through: one upstream watch each."""
+    through: one upstream watch each. (The fake apiserver has no protobuf encoder and answers
+    JSON, so the hub's protobuf LIST is taken as a 406; against the real apiserver protobuf
+    watches are shared: realapi/test_protobuf.py.)"""
     overrides = {k: v for k, v in OVERRIDES.items() if not k.startswith("hub.upstream_watch")}
     async with scenario(tmp_path, watchclient, overrides) as s:
         configs = {

@@ -7,7 +7,11 @@ The layouts are the apiserver's (checked against a real kube-apiserver in
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from watchproxy.hub.watchcache import WatchCache
 from watchproxy.kube import protowire as pw
@@ -145,3 +149,15 @@ def test_a_watch_cache_of_protobuf_objects_relists_with_decodable_deletes() -> N
     initial = cache.plan(None).initial
     assert [rep.decode_event(line)[1]["metadata"]["name"] for line in initial] == ["b"]
     assert rep.decode_event(cache.expired_line("12"))[1]["code"] == 410
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.binary(max_size=200), st.integers(0, 199))
+def test_any_bytes_decode_or_raise_value_error(data: bytes, cut: int) -> None:
+    rep = ProtobufRepresentation()
+    real = frame("ADDED", envelope("v1", "ConfigMap", configmap("a", "1")))
+    for record in (data, len(data).to_bytes(4, "big") + data, real[:cut] + data):
+        with contextlib.suppress(ValueError):
+            rep.decode_event(record)
+        with contextlib.suppress(ValueError):
+            rep.decode_list_page(record)
