@@ -113,10 +113,8 @@ class Subscriber:
         live = LiveCursor(self.sink, cursor, start_rv, min_rv)
         try:
             if plan.initial:
-                lines = list(plan.initial)
-                lines[0] = self.shared.representation.first_line_fixup(lines[0])
+                await self._write_initial(plan.initial)
                 first_line = False
-                await self._write(b"".join(lines), len(lines))
             while True:
                 if self.shared.closed and self._inside_group is None:
                     self.ended_because = "shared watch closed"
@@ -200,6 +198,22 @@ class Subscriber:
                     self.shared.key.collection_path,
                 )
             self.shared.cursors.pop(me, None)
+
+    async def _write_initial(self, initial: Sequence[bytes]) -> None:
+        # In batches of about WRITE_BATCH_BYTES, each awaited. Mechanism of the old growth:
+        # the whole initial state was joined into one write, a copy of the collection per
+        # syncing client plus the transport's copy of it (bench.collection: 20 concurrent
+        # initial syncs of 10,000 pods, 24 MB of JSON, peaked at 1.2 GB of RSS).
+        fixup = self.shared.representation.first_line_fixup
+        batch: list[bytes] = [fixup(initial[0])]
+        size = len(batch[0])
+        for line in initial[1:]:
+            if size + len(line) > WRITE_BATCH_BYTES:
+                await self._write(b"".join(batch), len(batch))
+                batch, size = [], 0
+            batch.append(line)
+            size += len(line)
+        await self._write(b"".join(batch), len(batch))
 
     async def _end_inside_group(self) -> None:
         # Cannot write the rest of the group: without this line the client would resume at
