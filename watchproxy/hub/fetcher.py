@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from watchproxy.errors import ProxyError
+from watchproxy.hub.cachetypes import ListedObject
 from watchproxy.hub.machine import SharedWatchMachine
 from watchproxy.hub.outcomes import (
     Bookmark,
@@ -33,6 +34,7 @@ from watchproxy.hub.outcomes import (
     Step,
 )
 from watchproxy.hub.ports import UpstreamAnswer, UpstreamHealth, WatchSource
+from watchproxy.hub.watchcache import WatchCache
 from watchproxy.hub.watchkey import WatchKey
 from watchproxy.kube.representation import Representation
 from watchproxy.metrics import Metrics
@@ -95,7 +97,7 @@ class Fetcher:
 
     async def list(self, action: OpenList) -> Outcome:
         """A full paginated list, as one outcome."""
-        items: list[dict[str, Any]] = []
+        items: list[dict[str, Any] | ListedObject] = []
         list_rv: str | None = None
         token = ""
         while True:
@@ -124,11 +126,13 @@ class Fetcher:
                 # A kind the apiserver has no such encoding for (a custom resource asked
                 # for protobuf): the hub passes such watches through (see the multiplexer).
                 return Refused(406, body, answer.content_type, None)
+            rep = self.representation
             try:
-                page_items, page_rv, token = self.representation.decode_list_page(body)
+                page_items, page_rv, token = rep.decode_list_page(body)
+                items.extend(WatchCache.listed(rep, obj) for obj in page_items)
             except (ValueError, KeyError, TypeError, AttributeError) as error:
                 return Broken(f"unreadable list: {type(error).__name__}")
-            items.extend(page_items)
+            del page_items, body  # not held while the next page is read
             list_rv = list_rv or page_rv
             if not token:
                 return Listed(items, list_rv)

@@ -269,11 +269,9 @@ class Hub:
         shared = self.watches.get(found[0])
         if shared is None or shared.closed or not shared.cache.synced:
             return None
-        rep = shared.representation
-        rv = shared.cache.resource_version_str or "0"
-        body = rep.encode_list(shared.cache.objects_snapshot(), rv)
+        body = shared.cache.list_response()
         self.metrics.lists_from_cache.inc()
-        return body, rep.content_type
+        return body, shared.representation.content_type
 
     async def _plan(self, shared: SharedWatch, query: WatchQuery) -> StartPlan:
         """The client's start point; for an RV newer than the cache, wait for it (bounded)."""

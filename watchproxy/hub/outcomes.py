@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from watchproxy.hub.cachetypes import ListedObject
+
 # ---- outcomes: what the driver saw upstream ------------------------------------------------
 
 
@@ -19,7 +21,7 @@ class Start:
 
 @dataclass(frozen=True, slots=True)
 class Listed:
-    items: list[dict[str, Any]]
+    items: list[dict[str, Any] | ListedObject]  # ListedObject: see WatchCache.listed
     resource_version: str
 
 

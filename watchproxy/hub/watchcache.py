@@ -69,6 +69,7 @@ from watchproxy.hub.cachetypes import (
     DELETED,
     MODIFIED,
     CachedEvent,
+    ListedObject,
     ListRegressed,
     NotSynced,
     StartPlan,
@@ -84,7 +85,7 @@ Obj = dict[str, Any]
 
 @dataclass(slots=True)
 class _Entry:
-    obj: Obj
+    kept: Any  # what the representation keeps of the object (see Representation.keep)
     rv: int
     added_line: bytes | None = None  # synthetic ADDED, encoded on first use
 
@@ -193,7 +194,7 @@ class WatchCache:
     # --- feeding ------------------------------------------------------------------------
 
     def replace(
-        self, items: list[Obj], list_rv: str, *, floor: str | None = None
+        self, items: Sequence[Obj | ListedObject], list_rv: str, *, floor: str | None = None
     ) -> list[CachedEvent]:
         """Apply a LIST; the first one syncs silently, later ones append the diff events.
 
@@ -231,10 +232,11 @@ class WatchCache:
             event_type = MODIFIED if key in self._state else ADDED
             self._state[key] = entry
             at_least = max(at_least, obj_rv)  # only anomalous data is below the cache RV
-            out.append(self._append(event_type, at_least, key, entry.obj, now, relist=True))
+            obj = self._rep.kept_object(entry.kept)
+            out.append(self._append(event_type, at_least, key, obj, now, relist=True))
         for key in gone:
             last = self._state.pop(key)
-            obj = self._rep.with_rv(last.obj, list_rv)
+            obj = self._rep.with_rv(self._rep.kept_object(last.kept), list_rv)
             out.append(self._append(DELETED, rv, key, obj, now, relist=True))
         if out:
             out[-1] = self._events[-1] = dataclasses.replace(out[-1], ends_group=True)
@@ -243,7 +245,7 @@ class WatchCache:
         self._evict(now)
         return out
 
-    def reset(self, items: list[Obj], list_rv: str) -> None:
+    def reset(self, items: Sequence[Obj | ListedObject], list_rv: str) -> None:
         """Start over from a LIST that cannot be diffed (see :class:`ListRegressed`).
 
         Every current cursor is evicted (``events_from`` answers None: one seq is skipped
@@ -276,14 +278,15 @@ class WatchCache:
         if rv <= self._stream[0]:
             return None
         key = self._rep.object_key(obj)
+        now = self._clock()
+        event = self._append(event_type, rv, key, obj, now, relist=False)
         if rv > self._rv:
             if event_type == DELETED:
                 self._state.pop(key, None)
             else:  # ADDED for a known key / MODIFIED for an unknown one: upsert, keep the type
-                self._state[key] = _Entry(obj, rv)
+                kept = self._rep.keep(event_type, obj, event.line)
+                self._state[key] = _Entry(kept, rv)
             self._set_rv(rv, rv_str)
-        now = self._clock()
-        event = self._append(event_type, rv, key, obj, now, relist=False)
         self._stream = (rv, rv_str)
         self._evict(now)
         return event
@@ -403,7 +406,14 @@ class WatchCache:
 
     def objects_snapshot(self) -> list[Obj]:
         """The current objects (watch-event form; do not mutate them)."""
-        return [entry.obj for entry in self._state.values()]
+        return [self._rep.kept_object(entry.kept) for entry in self._state.values()]
+
+    def list_response(self) -> bytes:
+        """A LIST response body of the current state at its RV."""
+        if self._rv_str is None:
+            raise NotSynced("list_response() before the first replace()")
+        kept = [entry.kept for entry in self._state.values()]
+        return self._rep.encode_kept_list(kept, self._rv_str)
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -418,11 +428,19 @@ class WatchCache:
 
     # --- internals ----------------------------------------------------------------------
 
-    def _keyed(self, items: list[Obj]) -> dict[str, _Entry]:
+    def _keyed(self, items: Sequence[Obj | ListedObject]) -> dict[str, _Entry]:
         keyed: dict[str, _Entry] = {}
-        for obj in items:
-            keyed[self._rep.object_key(obj)] = _Entry(obj, parse_rv(self._rep.object_rv(obj)))
+        for item in items:
+            listed = item if isinstance(item, ListedObject) else self.listed(self._rep, item)
+            keyed[listed.key] = _Entry(listed.kept, listed.rv)
         return keyed
+
+    @staticmethod
+    def listed(rep: Representation, obj: Obj) -> ListedObject:
+        """``obj`` of a LIST page in the form the cache keeps (the fetcher calls this per page,
+        so that a collection is never held as parsed objects all at once)."""
+        kept = rep.keep(ADDED, obj, rep.encode_event(ADDED, obj))
+        return ListedObject(rep.object_key(obj), parse_rv(rep.object_rv(obj)), kept)
 
     def _set_rv(self, rv: int, rv_str: str) -> None:
         self._rv, self._rv_str = rv, rv_str
@@ -430,9 +448,10 @@ class WatchCache:
     def _initial_lines(self) -> list[bytes]:
         lines: list[bytes] = []
         for entry in self._state.values():
-            if entry.added_line is None:
-                entry.added_line = self._rep.encode_event(ADDED, entry.obj)
-            lines.append(entry.added_line)
+            line = self._rep.kept_added_line(entry.kept) or entry.added_line
+            if line is None:
+                line = entry.added_line = self._rep.encode_event(ADDED, entry.kept)
+            lines.append(line)
         return lines
 
     def _append(

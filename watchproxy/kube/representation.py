@@ -216,13 +216,73 @@ class Representation:
         """The first line written to a client; only Tables change it (adds the columns)."""
         return line
 
+    # What a watch cache keeps of each object of its current state: by default the object
+    # itself; a representation may keep something smaller (see JsonRepresentation).
+
+    def keep(self, event_type: str, obj: Obj, line: bytes) -> Any:
+        """What to keep of ``obj``; ``line`` is ``encode_event(event_type, obj)``."""
+        return obj
+
+    def kept_added_line(self, kept: Any) -> bytes | None:
+        """The ADDED event of a kept object, if keeping made it; else None (encode it)."""
+        return None
+
+    def kept_object(self, kept: Any) -> Obj:
+        """The object back from what was kept."""
+        result: Obj = kept
+        return result
+
+    def encode_kept_list(self, kept: list[Any], rv: str) -> bytes:
+        """A LIST response body of the kept objects at ``rv``."""
+        return self.encode_list([self.kept_object(k) for k in kept], rv)
+
+
+_ADDED_PREFIX = b'{"type":"ADDED","object":'
+
 
 class JsonRepresentation(Representation):
-    """The resource's own JSON: events carry full objects of the watched kind."""
+    """The resource's own JSON: events carry full objects of the watched kind.
+
+    A watch cache keeps each object as its ADDED event line (bytes), not as a dict: parsed
+    JSON takes several times the bytes of its text in Python objects (bench.collection:
+    6.3 bytes of RSS per byte of JSON for 10,000 pods kept as dicts). Initial syncs write the
+    kept lines as they are; lists splice them; only a relist's DELETE parses one back.
+    """
 
     identity = "json"
     list_accept_header = JSON
     watch_accept_header = JSON
+
+    def keep(self, event_type: str, obj: Obj, line: bytes) -> Any:
+        if event_type == "ADDED":
+            return line  # shared with the history's line
+        prefix = len(b'{"type":"') + len(event_type) + len(b'","object":')
+        return _ADDED_PREFIX + line[prefix:]
+
+    def kept_added_line(self, kept: Any) -> bytes | None:
+        line: bytes = kept
+        return line
+
+    def kept_object(self, kept: Any) -> Obj:
+        obj: Obj = json.loads(kept[len(_ADDED_PREFIX) : -2])
+        return obj
+
+    def encode_kept_list(self, kept: list[Any], rv: str) -> bytes:
+        head = self.list_body([], rv)
+        del head["items"]
+        typed_prefix = b""
+        if self._kind is not None and self._api_version is not None:
+            typed_prefix = encode_json({"kind": self._kind, "apiVersion": self._api_version})
+            typed_prefix = typed_prefix[:-1] + b","  # '{"kind":..,"apiVersion":..,'
+        items: list[bytes] = []
+        start = len(_ADDED_PREFIX)
+        for line in kept:
+            if typed_prefix and line.startswith(typed_prefix, start):
+                # List items carry no kind and apiVersion (see list_body): cut them out.
+                items.append(b"{" + line[start + len(typed_prefix) : -2])
+            else:
+                items.append(encode_json(self.list_body([self.kept_object(line)], rv)["items"][0]))
+        return encode_json(head)[:-1] + b',"items":[' + b",".join(items) + b"]}"
 
     def list_items(self, list_body: Mapping[str, Any]) -> tuple[list[Obj], str]:
         list_kind, api_version = list_body.get("kind"), list_body.get("apiVersion")
