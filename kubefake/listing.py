@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import bisect
 import json
 from dataclasses import dataclass
 
@@ -84,7 +85,13 @@ def list_objects(
                 raise Invalid('resourceVersionMatch "exact" is forbidden for resourceVersion "0"')
             at = rv
     objects, snap_rv = store.snapshot(resource, at)
-    keys = sorted(k for k, o in objects.items() if (start is None or k > start) and flt.matches(o))
+    ordered = sorted(objects)
+    if start is not None:
+        ordered = ordered[bisect.bisect_right(ordered, start) :]
+    if flt.labels.requirements or flt.fields.requirements:
+        keys = [k for k in ordered if flt.matches(objects[k])]
+    else:  # no selector: the key's namespace decides (the apiserver's cache lists in O(page))
+        keys = [k for k in ordered if flt.namespace is None or k[0] == flt.namespace]
     if limit is not None and limit > 0 and len(keys) > limit:
         page = keys[:limit]
         token = encode_continue(snap_rv, page[-1])

@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from watchproxy.kube.negotiation import representation_for
@@ -15,6 +15,7 @@ from watchproxy.kube.representation import (
     JsonRepresentation,
     PartialMetadataRepresentation,
     Representation,
+    _split_list,
 )
 from watchproxy.kube.tables import TableRepresentation
 
@@ -426,3 +427,52 @@ def test_encoding_is_compact_and_utf8() -> None:
     )
     lone = rep.encode_event("ADDED", {"x": "\ud800"})
     assert json.loads(lone)["object"]["x"] == "\ud800"
+
+
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    items=st.lists(st.dictionaries(st.text(max_size=6), _JSON_VALUES, max_size=4), max_size=4),
+    extra=st.dictionaries(st.sampled_from(["kind", "apiVersion", "x"]), _JSON_VALUES, max_size=2),
+    indent=st.sampled_from([None, 1]),
+)
+def test_a_list_is_split_into_exactly_the_items_json_parses(
+    items: list[dict[str, Any]], extra: dict[str, Any], indent: int | None
+) -> None:
+    document = {**extra, "metadata": {"resourceVersion": "5"}, "items": items}
+    text = json.dumps(document, indent=indent, ensure_ascii=False)
+    parsed, spans = _split_list(text)
+    assert parsed == json.loads(text)
+    assert [json.loads(text[start:end]) for start, end in spans] == items
+
+
+@pytest.mark.parametrize(
+    "bad", ['{"items":[1]}', '{"items":[{}', '{"a":1 "b":2}', "[]", '{"items":[]} x', "{"]
+)
+def test_a_broken_list_raises_value_error(bad: str) -> None:
+    with pytest.raises(ValueError):
+        _split_list(bad)
+
+
+def test_list_lines_are_the_items_own_bytes_typed() -> None:
+    rep = JsonRepresentation()
+    body = (
+        b'{"kind":"PodList","apiVersion":"v1","metadata":{"resourceVersion":"7"},"items":['
+        b'{"metadata":{"name":"a","namespace":"ns","resourceVersion":"5"},"x":"\\u003c"}]}'
+    )
+    [(obj, line)], rv, token = rep.decode_list_page_lines(body)
+    assert (rv, token) == ("7", "")
+    assert obj["kind"] == "Pod" and obj["x"] == "<"
+    assert line == (
+        b'{"type":"ADDED","object":{"kind":"Pod","apiVersion":"v1",'
+        b'"metadata":{"name":"a","namespace":"ns","resourceVersion":"5"},"x":"\\u003c"}}\n'
+    )
+    assert json.loads(line)["object"] == obj

@@ -128,8 +128,8 @@ class Fetcher:
                 return Refused(406, body, answer.content_type, None)
             rep = self.representation
             try:
-                page_items, page_rv, token = rep.decode_list_page(body)
-                items.extend(WatchCache.listed(rep, obj) for obj in page_items)
+                page_items, page_rv, token = rep.decode_list_page_lines(body)
+                items.extend(WatchCache.listed(rep, obj, line) for obj, line in page_items)
             except (ValueError, KeyError, TypeError, AttributeError) as error:
                 return Broken(f"unreadable list: {type(error).__name__}")
             del page_items, body  # not held while the next page is read

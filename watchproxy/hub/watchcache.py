@@ -436,10 +436,11 @@ class WatchCache:
         return keyed
 
     @staticmethod
-    def listed(rep: Representation, obj: Obj) -> ListedObject:
+    def listed(rep: Representation, obj: Obj, line: bytes | None = None) -> ListedObject:
         """``obj`` of a LIST page in the form the cache keeps (the fetcher calls this per page,
-        so that a collection is never held as parsed objects all at once)."""
-        kept = rep.keep(ADDED, obj, rep.encode_event(ADDED, obj))
+        so that a collection is never held as parsed objects all at once). ``line``: its
+        ADDED event line, if the representation made it already."""
+        kept = rep.keep(ADDED, obj, line or rep.encode_event(ADDED, obj))
         return ListedObject(rep.object_key(obj), parse_rv(rep.object_rv(obj)), kept)
 
     def _set_rv(self, rv: int, rv_str: str) -> None:
