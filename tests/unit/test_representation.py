@@ -15,7 +15,7 @@ from watchproxy.kube.representation import (
     JsonRepresentation,
     PartialMetadataRepresentation,
     Representation,
-    _split_list,
+    _walk_list,
 )
 from watchproxy.kube.tables import TableRepresentation
 
@@ -444,14 +444,17 @@ _JSON_VALUES = st.recursive(
     extra=st.dictionaries(st.sampled_from(["kind", "apiVersion", "x"]), _JSON_VALUES, max_size=2),
     indent=st.sampled_from([None, 1]),
 )
-def test_a_list_is_split_into_exactly_the_items_json_parses(
+def test_a_list_is_walked_into_exactly_what_json_parses(
     items: list[dict[str, Any]], extra: dict[str, Any], indent: int | None
 ) -> None:
     document = {**extra, "metadata": {"resourceVersion": "5"}, "items": items}
     text = json.dumps(document, indent=indent, ensure_ascii=False)
-    parsed, spans = _split_list(text)
-    assert parsed == json.loads(text)
-    assert [json.loads(text[start:end]) for start, end in spans] == items
+    members = list(_walk_list(text))
+    others = {k: v for k, v in json.loads(text).items() if k != "items"}
+    assert {k: v for k, v, _, _ in members if k != "items"} == others
+    walked = [(v, text[start:end]) for k, v, start, end in members if k == "items"]
+    assert [v for v, _ in walked] == items
+    assert [json.loads(raw) for _, raw in walked] == items
 
 
 @pytest.mark.parametrize(
@@ -459,20 +462,26 @@ def test_a_list_is_split_into_exactly_the_items_json_parses(
 )
 def test_a_broken_list_raises_value_error(bad: str) -> None:
     with pytest.raises(ValueError):
-        _split_list(bad)
+        list(_walk_list(bad))
 
 
-def test_list_lines_are_the_items_own_bytes_typed() -> None:
+def test_list_lines_are_the_items_own_bytes_typed_in_any_member_order() -> None:
     rep = JsonRepresentation()
     body = (
         b'{"kind":"PodList","apiVersion":"v1","metadata":{"resourceVersion":"7"},"items":['
         b'{"metadata":{"name":"a","namespace":"ns","resourceVersion":"5"},"x":"\\u003c"}]}'
     )
-    [(obj, line)], rv, token = rep.decode_list_page_lines(body)
-    assert (rv, token) == ("7", "")
+    page = rep.decode_list_page_lines(body)
+    [(obj, line)] = list(page.items)
+    assert (page.rv, page.token) == ("7", "")
     assert obj["kind"] == "Pod" and obj["x"] == "<"
     assert line == (
         b'{"type":"ADDED","object":{"kind":"Pod","apiVersion":"v1",'
         b'"metadata":{"name":"a","namespace":"ns","resourceVersion":"5"},"x":"\\u003c"}}\n'
     )
     assert json.loads(line)["object"] == obj
+    # Items before the list's kind (not the apiserver's order) are typed once it is known.
+    as_sent = json.loads(body)
+    late = rep.decode_list_page_lines(json.dumps({"items": as_sent["items"], **as_sent}).encode())
+    [(late_obj, _)] = list(late.items)
+    assert late_obj == obj and late.rv == "7"

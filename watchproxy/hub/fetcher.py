@@ -128,11 +128,12 @@ class Fetcher:
                 return Refused(406, body, answer.content_type, None)
             rep = self.representation
             try:
-                page_items, page_rv, token = rep.decode_list_page_lines(body)
-                items.extend(WatchCache.listed(rep, obj, line) for obj, line in page_items)
+                page = rep.decode_list_page_lines(body)
+                items.extend(WatchCache.listed(rep, obj, line) for obj, line in page.items)
+                page_rv, token = page.rv, page.token
             except (ValueError, KeyError, TypeError, AttributeError) as error:
                 return Broken(f"unreadable list: {type(error).__name__}")
-            del page_items, body  # not held while the next page is read
+            del page, body  # not held while the next page is read
             list_rv = list_rv or page_rv
             if not token:
                 return Listed(items, list_rv)

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
@@ -110,6 +111,16 @@ def list_rv(body: Mapping[str, Any]) -> str:
     return rv
 
 
+@dataclass(slots=True)
+class ListPage:
+    """One LIST page as (object, its ADDED line) pairs; ``rv`` and ``token`` (its continue)
+    are set once ``items`` has been read to the end."""
+
+    items: Iterator[tuple[Obj, bytes]]
+    rv: str = ""
+    token: str = ""
+
+
 class Representation:
     """How one shared watch's objects look, are keyed, listed and encoded.
 
@@ -153,10 +164,11 @@ class Representation:
         items, rv = self.list_items(document)
         return items, rv, (document.get("metadata") or {}).get("continue") or ""
 
-    def decode_list_page_lines(self, body: bytes) -> tuple[list[tuple[Obj, bytes]], str, str]:
+    def decode_list_page_lines(self, body: bytes) -> ListPage:
         """:meth:`decode_list_page`, each object with its ADDED event line."""
         items, rv, token = self.decode_list_page(body)
-        return [(obj, self.encode_event("ADDED", obj)) for obj in items], rv, token
+        lines = [(obj, self.encode_event("ADDED", obj)) for obj in items]
+        return ListPage(iter(lines), rv, token)
 
     def decode_event(self, record: bytes) -> tuple[str, Obj]:
         """One upstream watch record (a line, or a frame) → (type, object)."""
@@ -245,13 +257,14 @@ class Representation:
 
 _ADDED_PREFIX = b'{"type":"ADDED","object":'
 _DECODER = json.JSONDecoder()
+_Typing = tuple[str | None, str | None, bytes]  # the items' apiVersion, kind, line prefix
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
 
 
-def _split_list(text: str) -> tuple[Obj, list[tuple[int, int]]]:
-    """A list document parsed, and where each of its ``items`` starts and ends in ``text``."""
-    document: Obj = {}
-    spans: list[tuple[int, int]] = []
+def _walk_list(text: str) -> Iterator[tuple[str, Any, int, int]]:
+    """The members of a JSON list document in order, as (name, value, start, end); the
+    ``items`` array is walked too: one ("items", item, start, end) per item, with where the
+    item's text starts and ends. ``ValueError`` for anything but an object of such members."""
 
     def skip(at: int) -> int:
         match = _WHITESPACE.match(text, at)
@@ -270,32 +283,28 @@ def _split_list(text: str) -> tuple[Obj, list[tuple[int, int]]]:
             raise ValueError("a member name that is not a string")
         at = expect(skip(at), ":")
         if key == "items" and text[at : at + 1] == "[":
-            items: list[Any] = []
             at = skip(at + 1)
             while text[at : at + 1] != "]":
                 item, end = _DECODER.raw_decode(text, at)
                 if not isinstance(item, dict):
                     raise ValueError("a list item that is not an object")
-                items.append(item)
-                spans.append((at, end))
+                yield key, item, at, end
                 at = skip(end)
                 if text[at : at + 1] == ",":
                     at = skip(at + 1)
                 elif text[at : at + 1] != "]":
                     raise ValueError(f"expected ',' or ']' at {at}")
-            document[key], at = items, skip(at + 1)
+            at = skip(at + 1)
         else:
-            document[key], at = _DECODER.raw_decode(text, at)
-            at = skip(at)
+            value, end = _DECODER.raw_decode(text, at)
+            yield key, value, at, end
+            at = skip(end)
         if text[at : at + 1] == ",":
             at = skip(at + 1)
         elif text[at : at + 1] != "}":
             raise ValueError(f"expected ',' or '}}' at {at}")
     if skip(at + 1) != len(text):
         raise ValueError("data after the list")
-    if "items" not in document:
-        spans = []
-    return document, spans
 
 
 class JsonRepresentation(Representation):
@@ -311,26 +320,57 @@ class JsonRepresentation(Representation):
     list_accept_header = JSON
     watch_accept_header = JSON
 
-    def decode_list_page_lines(self, body: bytes) -> tuple[list[tuple[Obj, bytes]], str, str]:
+    def decode_list_page_lines(self, body: bytes) -> ListPage:
         # Each item's ADDED line is made from the item's own text in the page, not by
         # encoding the parsed item again: encoding was a third of the hub's time to sync a
         # large collection (bench.collection), and the apiserver's bytes are kept as sent.
-        text = body.decode("utf-8")
-        document, spans = _split_list(text)
-        items, rv = self.list_items(document)
-        if self._kind is None or self._api_version is None:
-            typed_prefix = None
-        else:
-            head = encode_json({"kind": self._kind, "apiVersion": self._api_version})
-            typed_prefix = _ADDED_PREFIX + head[:-1] + b","
-        lines: list[tuple[Obj, bytes]] = []
-        raws = document.get("items") or []
-        for obj, raw, (start, end) in zip(items, raws, spans, strict=True):
-            if typed_prefix is None or "kind" in raw or "apiVersion" in raw or not raw:
-                lines.append((obj, self.encode_event("ADDED", obj)))
+        # Items are yielded as they are parsed, so a page is never held as parsed objects.
+        page = ListPage(iter(()))
+        page.items = self._page_lines(body.decode("utf-8"), page)
+        return page
+
+    def _page_lines(self, text: str, page: ListPage) -> Iterator[tuple[Obj, bytes]]:
+        document: Obj = {}
+        typing: _Typing | None = None
+        pending: list[tuple[Obj, int, int]] = []  # items before the list's kind: typed last
+        for key, value, start, end in _walk_list(text):
+            if key != "items":
+                document[key] = value
+            elif typing is None and not ("kind" in document and "apiVersion" in document):
+                pending.append((value, start, end))
             else:
-                lines.append((obj, typed_prefix + text[start + 1 : end].encode() + b"}\n"))
-        return lines, rv, (document.get("metadata") or {}).get("continue") or ""
+                if typing is None:
+                    typing = self._typed_prefix(document)
+                yield self._item_line(text, value, start, end, typing)
+        if pending:
+            typing = self._typed_prefix(document)
+            for value, start, end in pending:
+                yield self._item_line(text, value, start, end, typing)
+        document["items"] = []
+        _, page.rv = self.list_items(document)  # learns the kind, checks the RV
+        page.token = (document.get("metadata") or {}).get("continue") or ""
+
+    def _typed_prefix(self, document: Obj) -> _Typing:
+        """The items' apiVersion and kind, and the start of their ADDED lines."""
+        api_version, kind = self._learn_list_kind(document)
+        if kind is None or api_version is None:
+            return api_version, kind, b""
+        head = encode_json({"kind": kind, "apiVersion": api_version})
+        return api_version, kind, _ADDED_PREFIX + head[:-1] + b","
+
+    def _item_line(
+        self,
+        text: str,
+        raw: Obj,
+        start: int,
+        end: int,
+        typing: tuple[str | None, str | None, bytes],
+    ) -> tuple[Obj, bytes]:
+        api_version, kind, prefix = typing
+        obj = typed(raw, api_version, kind)
+        if not prefix or "kind" in raw or "apiVersion" in raw or not raw:
+            return obj, self.encode_event("ADDED", obj)
+        return obj, prefix + text[start + 1 : end].encode() + b"}\n"
 
     def keep(self, event_type: str, obj: Obj, line: bytes) -> Any:
         if event_type == "ADDED":
@@ -364,6 +404,12 @@ class JsonRepresentation(Representation):
         return encode_json(head)[:-1] + b',"items":[' + b",".join(items) + b"]}"
 
     def list_items(self, list_body: Mapping[str, Any]) -> tuple[list[Obj], str]:
+        api_version, kind = self._learn_list_kind(list_body)
+        items = [typed(item, api_version, kind) for item in list_of(list_body, "items")]
+        return items, list_rv(list_body)
+
+    def _learn_list_kind(self, list_body: Mapping[str, Any]) -> tuple[str | None, str | None]:
+        """The items' apiVersion and kind, from the list's (``PodList`` → ``Pod``)."""
         list_kind, api_version = list_body.get("kind"), list_body.get("apiVersion")
         kind: str | None = None
         if isinstance(list_kind, str) and list_kind.endswith("List") and len(list_kind) > 4:
@@ -372,8 +418,7 @@ class JsonRepresentation(Representation):
             api_version = None
         if kind is not None and api_version is not None:
             self._kind, self._api_version = kind, api_version
-        items = [typed(item, api_version, kind) for item in list_of(list_body, "items")]
-        return items, list_rv(list_body)
+        return api_version, kind
 
     def list_body(self, objects: list[Obj], rv: str) -> Obj:
         body: Obj = {}
