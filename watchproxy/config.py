@@ -102,6 +102,9 @@ class HubConfig:
     # ring alone (0: only the total bounds it).
     history_max_bytes: int = 64 * 1024 * 1024
     history_max_bytes_per_key: int = 0
+    # Bytes of current state (the cached objects) all shared watches may hold together (0: no
+    # bound); a key whose first LIST would go past it is passed through unshared.
+    cache_max_bytes: int = 512 * 1024 * 1024
     linger_seconds: float = 30.0
     max_subscriber_lag: int = 5000
     slow_subscriber_timeout_seconds: float = 30.0
@@ -398,7 +401,7 @@ def _check(config: Config, where: str) -> None:
     h = config.hub
     if h.history_size < 1:
         raise ConfigError(f"{where}: hub.history_size: must be >= 1")
-    for name in ("history_max_bytes", "history_max_bytes_per_key"):
+    for name in ("history_max_bytes", "history_max_bytes_per_key", "cache_max_bytes"):
         if getattr(h, name) < 0:
             raise ConfigError(f"{where}: hub.{name}: must be >= 0 (0: no bound)")
     if h.client_watch_max_seconds < h.client_watch_min_seconds:

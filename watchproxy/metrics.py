@@ -253,6 +253,16 @@ class Metrics:
             "watchproxy_history_budget_bytes",
             "Upper bound on the bytes all history rings may hold together (0 means no bound).",
         )
+        self.cache_bytes = add(
+            Gauge,
+            "watchproxy_cache_bytes",
+            "Bytes of cached objects (the current state of every shared watch) held in total.",
+        )
+        self.cache_budget_bytes = add(
+            Gauge,
+            "watchproxy_cache_budget_bytes",
+            "Upper bound on watchproxy_cache_bytes when a new key is listed (0 means no bound).",
+        )
         # subscriber_lag_events: queued, not yet written events of the client watch that is
         # furthest behind, across all shared watches (0 when every subscriber is caught up).
         self.subscriber_lag = add(

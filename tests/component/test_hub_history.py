@@ -240,3 +240,43 @@ async def test_the_history_byte_budget_bounds_the_rings_and_a_live_client_loses_
         url = f"{PODS}?watch=1&labelSelector=app%3Dweb&resourceVersion={oldest}"
         want = await first_events(oracle, url, 3)
         assert await first_events(s, running.url + url, 3) == want
+
+
+async def test_a_collection_past_the_cache_budget_is_passed_through_not_cached(
+    tmp_path: Any, caplog: Any
+) -> None:
+    """hub.cache_max_bytes: a key whose LIST would not fit is not shared; its clients are
+    served by the apiserver directly, and a small key still fits beside it."""
+    padding = "x" * 2000
+    async with running_proxy(tmp_path, {"hub.cache_max_bytes": 20_000}) as running:
+        store = running.fake.store
+        for i in range(30):  # about 60 KB: past the budget
+            store.create("pods", "default", {**pod(f"big-{i}"), "data": padding})
+        store.create("namespaces", None, {"metadata": {"name": "small"}})
+        store.create("pods", "small", pod("s"))
+        hub = running.proxy.hub
+        assert hub is not None
+        metrics = running.proxy.metrics.registry
+
+        def passed() -> float:
+            sample = "watchproxy_watch_passthrough_total"
+            return metrics.get_sample_value(sample, {"reason": "cache-budget"}) or 0.0
+
+        def pod_lists() -> int:
+            return sum(1 for r in running.fake.stats.requests if r.path == PODS and not r.watch)
+
+        async with aiohttp.ClientSession() as session:
+            big = await first_events(session, running.url + PODS + "?watch=1", 30)
+            assert sorted(name for _, name, _ in big) == sorted(f"big-{i}" for i in range(30))
+            assert passed() == 1 and pod_lists() == 1
+            # The next client passes through at once: no second LIST for a while.
+            again = await first_events(session, running.url + PODS + "?watch=1", 30)
+            assert len(again) == 30 and passed() == 2 and pod_lists() == 1
+            small = "/api/v1/namespaces/small/pods?watch=1"
+            assert [name for _, name, _ in await first_events(session, running.url + small, 1)] == [
+                "s"
+            ]
+        assert [k.collection_path for k in hub.watches] == ["/api/v1/namespaces/small/pods"]
+        assert 0 < hub.cache_bytes() <= 20_000
+        assert metrics.get_sample_value("watchproxy_cache_bytes") == hub.cache_bytes()
+        assert sum("the cache is full" in r.getMessage() for r in caplog.records) == 1

@@ -740,3 +740,21 @@ def test_every_subscriber_reaches_the_current_state(data: st.DataObject) -> None
         assert len(seqs) == len(set(seqs))
         apply_lines(sub.state, [e.line for e in delivered])
         assert sub.state == keyed(cache.objects_snapshot())
+
+
+def test_state_bytes_follow_every_change_of_the_state() -> None:
+    cache = make_cache()
+    cache.replace([pod("a", 5), pod("b", 6)], "10")
+    two = cache.state_bytes
+    rep = JsonRepresentation()
+    assert two == sum(len(rep.encode_event(ADDED, p)) for p in [pod("a", 5), pod("b", 6)])
+    cache.apply(ADDED, pod("c", 11))
+    assert cache.state_bytes > two
+    cache.apply(DELETED, pod("c", 12))
+    assert cache.state_bytes == two
+    cache.replace([pod("a", 5)], "20")  # b gone in the relist
+    assert 0 < cache.state_bytes < two
+    cache.apply(DELETED, pod("a", 21))
+    assert cache.state_bytes == 0
+    cache.reset([pod("z", 30)], "30")
+    assert cache.state_bytes > 0

@@ -41,6 +41,7 @@ class ListedObject:
     key: str
     rv: int
     kept: Any
+    size: int  # bytes of its encoded ADDED line: what it counts against hub.cache_max_bytes
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
-from watchproxy.errors import ProxyError
+from watchproxy.errors import ProxyError, status_object
 from watchproxy.hub.cachetypes import ListedObject
 from watchproxy.hub.machine import SharedWatchMachine
 from watchproxy.hub.outcomes import (
@@ -36,10 +36,19 @@ from watchproxy.hub.outcomes import (
 from watchproxy.hub.ports import UpstreamAnswer, UpstreamHealth, WatchSource
 from watchproxy.hub.watchcache import WatchCache
 from watchproxy.hub.watchkey import WatchKey
-from watchproxy.kube.representation import Representation
+from watchproxy.kube.representation import Representation, encode_json
 from watchproxy.metrics import Metrics
 
 LIST_PAGE_SIZE = 500
+
+
+CACHE_FULL = encode_json(
+    status_object(
+        507,
+        "InternalError",
+        "watchproxy's cache is full (hub.cache_max_bytes): this collection is not shared",
+    )
+)
 
 
 def _media_type(content_type: str) -> str:
@@ -61,6 +70,7 @@ class Fetcher:
         forwarded_auth: str | None,
         clock: Callable[[], float],
         took: Callable[[Step], None],
+        cache_admits: Callable[[int], bool] = lambda _bytes: True,
     ) -> None:
         self.key = key
         self.representation = representation
@@ -71,6 +81,7 @@ class Fetcher:
         self.forwarded_auth = forwarded_auth
         self.clock = clock
         self._took = took
+        self._cache_admits = cache_admits
 
     def _broken(self, error: ProxyError) -> Broken:
         return Broken(error.message, down=self.health.down)
@@ -100,6 +111,7 @@ class Fetcher:
         items: list[dict[str, Any] | ListedObject] = []
         list_rv: str | None = None
         token = ""
+        listed_bytes = 0
         while True:
             extra = {"limit": str(LIST_PAGE_SIZE)}
             if token:
@@ -129,11 +141,17 @@ class Fetcher:
             rep = self.representation
             try:
                 page = rep.decode_list_page_lines(body)
+                first = len(items)
                 items.extend(WatchCache.listed(rep, obj, line) for obj, line in page.items)
                 page_rv, token = page.rv, page.token
             except (ValueError, KeyError, TypeError, AttributeError) as error:
                 return Broken(f"unreadable list: {type(error).__name__}")
             del page, body  # not held while the next page is read
+            listed_bytes += sum(i.size for i in items[first:] if isinstance(i, ListedObject))
+            if not action.relist and not self._cache_admits(listed_bytes):
+                # Checked page by page, so that the budget is never exceeded by more than a
+                # page: the key is not shared (see the multiplexer), nothing is kept.
+                return Refused(507, CACHE_FULL, "application/json", None)
             list_rv = list_rv or page_rv
             if not token:
                 return Listed(items, list_rv)

@@ -42,6 +42,10 @@ from watchproxy.policy.backoff import BackoffPolicy
 
 Headers = CIMultiDictProxy[str] | CIMultiDict[str]
 
+# A key that did not fit in hub.cache_max_bytes is passed through this long before a new
+# client's watch tries to list it again (each try costs the apiserver part of a LIST).
+OVER_BUDGET_RETRY_SECONDS = 60.0
+
 log = logging.getLogger("watchproxy.hub")
 
 # How long a new key's first client waits for the initial upstream list.
@@ -106,6 +110,11 @@ class Hub:
         )
         self.history_budget = HistoryBudget(hub_config.history_max_bytes)
         metrics.history_budget_bytes.set(hub_config.history_max_bytes)
+        metrics.cache_bytes.set_function(self.cache_bytes)
+        metrics.cache_budget_bytes.set(hub_config.cache_max_bytes)
+        self._over_budget_logged: set[str] = set()
+        # Keys that did not fit, until when their watches pass through without another try.
+        self._over_budget: dict[WatchKey, float] = {}
 
     def _shared(
         self, key: WatchKey, representation: Representation, auth: str | None
@@ -125,6 +134,7 @@ class Hub:
             forwarded_auth=auth,
             clock=self.clock,
             budget=self.history_budget,
+            cache_admits=self._cache_admits,
         )
         cache = shared.cache
         self.metrics.history_bytes.labels(key=metric_label(key)).set_function(
@@ -135,6 +145,14 @@ class Hub:
         shared.start()
         log.info("new shared watch %s %s", key.collection_path, key.describe())
         return shared
+
+    def cache_bytes(self) -> int:
+        """Bytes of cached objects across every shared watch."""
+        return sum(w.cache.state_bytes for w in self.watches.values())
+
+    def _cache_admits(self, listing_bytes: int) -> bool:
+        limit = self.config.cache_max_bytes
+        return not limit or self.cache_bytes() + listing_bytes <= limit
 
     def _retire(self, shared: SharedWatch) -> None:
         """Called from the shared watch's own tasks: close it from a task the hub owns."""
@@ -179,6 +197,9 @@ class Hub:
         if (key.resource_label, representation.identity) in self.unencodable:
             self.metrics.passthrough_watches.labels("representation").inc()
             return None
+        if self._over_budget.get(key, 0.0) > self.clock():
+            self.metrics.passthrough_watches.labels("cache-budget").inc()
+            return None
         if self.active_clients >= self.max_watches:
             raise TooManyRequests(
                 f"watchproxy serves at most {self.max_watches} watches", retry_after=5
@@ -208,6 +229,20 @@ class Hub:
                     # answer to that differs (its message names the verb): let it answer.
                     # A 401 or 404 reads the same for both verbs and is served from the key.
                     self.metrics.passthrough_watches.labels("list-refused").inc()
+                    return None
+                if refused.of_list and refused.status == 507:
+                    # hub.cache_max_bytes: this key would not fit; its clients pass through
+                    # until a later client finds room (keys come and go).
+                    if key.resource_label not in self._over_budget_logged:
+                        self._over_budget_logged.add(key.resource_label)
+                        log.warning(
+                            "not sharing watches of %s: the cache is full "
+                            "(hub.cache_max_bytes=%d); they pass through to the apiserver",
+                            key.collection_path,
+                            self.config.cache_max_bytes,
+                        )
+                    self._over_budget[key] = self.clock() + OVER_BUDGET_RETRY_SECONDS
+                    self.metrics.passthrough_watches.labels("cache-budget").inc()
                     return None
                 if refused.of_list and refused.status == 406:
                     # No such encoding for this kind (protobuf for a custom resource): the

@@ -85,6 +85,7 @@ class SharedWatch:
         forwarded_auth: str | None = None,
         clock: Callable[[], float] = time.monotonic,
         budget: HistoryBudget | None = None,
+        cache_admits: Callable[[int], bool] = lambda _bytes: True,
     ) -> None:
         self.key = key
         self.representation = representation
@@ -128,6 +129,7 @@ class SharedWatch:
             forwarded_auth=forwarded_auth,
             clock=clock,
             took=self._took,
+            cache_admits=cache_admits,
         )
         self.fanout = Fanout(self.cache, metrics, key.resource_label, lambda: self.closed)
         self.subscribers = 0

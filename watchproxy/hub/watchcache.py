@@ -87,6 +87,7 @@ Obj = dict[str, Any]
 class _Entry:
     kept: Any  # what the representation keeps of the object (see Representation.keep)
     rv: int
+    size: int  # bytes of its encoded form, counted in state_bytes
     added_line: bytes | None = None  # synthetic ADDED, encoded on first use
 
 
@@ -123,6 +124,7 @@ class WatchCache:
         self._budget = budget
         self._clock = clock
         self._state: dict[str, _Entry] = {}
+        self._state_bytes = 0
         self._events: list[CachedEvent] = []  # ring: live events are self._events[self._head:]
         self._head = 0
         self._bytes = 0
@@ -205,6 +207,7 @@ class WatchCache:
         keyed = self._keyed(items)
         if self._rv is None:
             self._state = keyed
+            self._state_bytes = sum(entry.size for entry in keyed.values())
             self._set_rv(rv, list_rv)
             self._stream = (rv, list_rv)
             start = rv
@@ -230,12 +233,13 @@ class WatchCache:
         at_least = self._rv
         for obj_rv, key, entry in changed:
             event_type = MODIFIED if key in self._state else ADDED
-            self._state[key] = entry
+            self._put(key, entry)
             at_least = max(at_least, obj_rv)  # only anomalous data is below the cache RV
             obj = self._rep.kept_object(entry.kept)
             out.append(self._append(event_type, at_least, key, obj, now, relist=True))
         for key in gone:
-            last = self._state.pop(key)
+            last = self._pop(key)
+            assert last is not None
             obj = self._rep.with_rv(self._rep.kept_object(last.kept), list_rv)
             out.append(self._append(DELETED, rv, key, obj, now, relist=True))
         if out:
@@ -254,6 +258,7 @@ class WatchCache:
         """
         rv = parse_rv(list_rv)
         self._state = self._keyed(items)
+        self._state_bytes = sum(entry.size for entry in self._state.values())
         self._charge(-self._bytes)
         self._events, self._head, self._bytes = [], 0, 0
         self._next_seq += 1
@@ -282,10 +287,10 @@ class WatchCache:
         event = self._append(event_type, rv, key, obj, now, relist=False)
         if rv > self._rv:
             if event_type == DELETED:
-                self._state.pop(key, None)
+                self._pop(key)
             else:  # ADDED for a known key / MODIFIED for an unknown one: upsert, keep the type
                 kept = self._rep.keep(event_type, obj, event.line)
-                self._state[key] = _Entry(kept, rv)
+                self._put(key, _Entry(kept, rv, len(event.line)))
             self._set_rv(rv, rv_str)
         self._stream = (rv, rv_str)
         self._evict(now)
@@ -432,7 +437,7 @@ class WatchCache:
         keyed: dict[str, _Entry] = {}
         for item in items:
             listed = item if isinstance(item, ListedObject) else self.listed(self._rep, item)
-            keyed[listed.key] = _Entry(listed.kept, listed.rv)
+            keyed[listed.key] = _Entry(listed.kept, listed.rv, listed.size)
         return keyed
 
     @staticmethod
@@ -440,8 +445,9 @@ class WatchCache:
         """``obj`` of a LIST page in the form the cache keeps (the fetcher calls this per page,
         so that a collection is never held as parsed objects all at once). ``line``: its
         ADDED event line, if the representation made it already."""
-        kept = rep.keep(ADDED, obj, line or rep.encode_event(ADDED, obj))
-        return ListedObject(rep.object_key(obj), parse_rv(rep.object_rv(obj)), kept)
+        line = line or rep.encode_event(ADDED, obj)
+        kept = rep.keep(ADDED, obj, line)
+        return ListedObject(rep.object_key(obj), parse_rv(rep.object_rv(obj)), kept, len(line))
 
     def _set_rv(self, rv: int, rv_str: str) -> None:
         self._rv, self._rv_str = rv, rv_str
@@ -484,6 +490,22 @@ class WatchCache:
     @property
     def history_bytes(self) -> int:
         return self._bytes
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes of the current objects, encoded (what hub.cache_max_bytes bounds)."""
+        return self._state_bytes
+
+    def _put(self, key: str, entry: _Entry) -> None:
+        old = self._state.get(key)
+        self._state[key] = entry
+        self._state_bytes += entry.size - (old.size if old is not None else 0)
+
+    def _pop(self, key: str) -> _Entry | None:
+        old = self._state.pop(key, None)
+        if old is not None:
+            self._state_bytes -= old.size
+        return old
 
     def shed_oldest(self) -> bool:
         """Evict the oldest event for the byte budget; False when only the newest is left:
