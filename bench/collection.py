@@ -1,6 +1,7 @@
 """A large collection: how long the first watch takes to sync, and what holding it costs.
 
     .venv/bin/python -m bench.collection [--pods 10000] [--syncs 20] [--kubectl-proxy]
+                                         [--cache-budget-mib M]
 
 The fake apiserver (in this process) holds ``--pods`` pods of about 2.8 KB of JSON each (the
 size issue 13 measured: 10,000 pods = 28 MB). The target (watchproxy, and ``kubectl proxy`` when
@@ -9,7 +10,9 @@ target: RSS before; the first watch without a resourceVersion read to its last i
 (seconds); RSS with that watch open (for watchproxy, the hub now caches the collection), the
 growth per byte of the collection's JSON; then ``--syncs`` more such watches at once, read to
 the end, and the RSS peak while they run. watchproxy serves all of them from its cache: the
-fake sees one LIST; ``kubectl proxy`` sends each to the apiserver.
+fake sees one LIST; ``kubectl proxy`` sends each to the apiserver. With ``--cache-budget-mib``
+(``hub.cache_max_bytes``) smaller than the collection, watchproxy passes the watches through
+instead of caching: its RSS growth must stay under the budget.
 """
 
 from __future__ import annotations
@@ -169,7 +172,10 @@ def main() -> int:
     parser.add_argument("--pods", type=int, default=10_000)
     parser.add_argument("--syncs", type=int, default=20)
     parser.add_argument("--kubectl-proxy", action="store_true")
+    parser.add_argument("--cache-budget-mib", type=float, default=None)
     args = parser.parse_args()
+    if args.cache_budget_mib is not None:
+        os.environ["WATCHPROXY_HUB_CACHE_MAX_BYTES"] = str(int(args.cache_budget_mib * 2**20))
     print(json.dumps(asyncio.run(run(args.pods, args.syncs, args.kubectl_proxy)), indent=2))
     return 0
 
