@@ -30,7 +30,7 @@ class ListRegressed(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class ListedObject:
-    """A listed object in the form a watch cache keeps (see ``WatchCache.listed``).
+    """A listed object in the form a watch cache keeps (see ``cachestate.listed``).
 
     Made as each LIST page arrives. Mechanism of the old peak: the fetcher gathered every
     page's parsed dicts before the cache saw any, so a large collection was briefly held as

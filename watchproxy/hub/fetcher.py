@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from watchproxy.errors import ProxyError, status_object
+from watchproxy.hub import cachestate
 from watchproxy.hub.cachetypes import ListedObject
 from watchproxy.hub.machine import SharedWatchMachine
 from watchproxy.hub.outcomes import (
@@ -34,7 +35,6 @@ from watchproxy.hub.outcomes import (
     Step,
 )
 from watchproxy.hub.ports import UpstreamAnswer, UpstreamHealth, WatchSource
-from watchproxy.hub.watchcache import WatchCache
 from watchproxy.hub.watchkey import WatchKey
 from watchproxy.kube.representation import Representation, encode_json
 from watchproxy.metrics import Metrics
@@ -142,7 +142,7 @@ class Fetcher:
             try:
                 page = rep.decode_list_page_lines(body)
                 first = len(items)
-                items.extend(WatchCache.listed(rep, obj, line) for obj, line in page.items)
+                items.extend(cachestate.listed(rep, obj, line) for obj, line in page.items)
                 page_rv, token = page.rv, page.token
             except (ValueError, KeyError, TypeError, AttributeError) as error:
                 return Broken(f"unreadable list: {type(error).__name__}")

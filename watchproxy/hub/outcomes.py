@@ -21,7 +21,7 @@ class Start:
 
 @dataclass(frozen=True, slots=True)
 class Listed:
-    items: list[dict[str, Any] | ListedObject]  # ListedObject: see WatchCache.listed
+    items: list[dict[str, Any] | ListedObject]  # ListedObject: see cachestate.listed
     resource_version: str
 
 

@@ -1,69 +1,57 @@
 """Current state and bounded event history of one shared watch: pure, synchronous, clock passed in.
 
 The hub feeds one upstream LIST (:meth:`WatchCache.replace`) then the upstream WATCH
-(:meth:`WatchCache.apply`, :meth:`WatchCache.bookmark`) into a ``WatchCache``; every event is
-decoded once and encoded once (``CachedEvent.line``). A subscriber is a cursor (a ``seq``) into
-the history; :meth:`WatchCache.plan` says where a new subscriber starts and what it gets first.
-
-resourceVersions are compared as integers (the hub shares only keys whose RVs parse as
-decimal integers) and handed to clients exactly as upstream spelled them.
+(:meth:`WatchCache.apply`, :meth:`WatchCache.bookmark`) in; every event is decoded once and
+encoded once (``CachedEvent.line``). The objects are a :class:`CacheState`, the events a
+:class:`HistoryRing`. A subscriber is a cursor (a ``seq``) into the history;
+:meth:`WatchCache.plan` says where it starts and what it gets first. RVs are compared as
+integers (only keys whose RVs are decimal are shared) and handed out as upstream spelled them.
 
 Relist without breaking streams: a later :meth:`WatchCache.replace` (after an upstream 410)
-appends the diff to the current state: ADDED/MODIFIED in ascending order of their own RV, then
-DELETED for objects gone, carrying the last known state at the LIST's RV (the first RV at which
-each is known gone; last, so that no client's RVs go backwards). These events can share the list
-RV ``L``. A client holding ``L`` has had the whole group, and a resume at ``L`` gets only what
-came after it, like any other RV. Mechanism of the old duplicates: the group used to be replayed
-to every resume at exactly ``L`` (in case the client had stopped inside it), so every client that
-re-watched at ``L`` before anything newer arrived (a bookmark at ``L``, a client-go ``Watch``
-re-opened on a timer) got the whole group again, each time. ``L`` is trustworthy because the hub
-never ends a stream inside a group by itself: the subscriber writes the rest of the group before
-it stops, or, when it cannot (the client fell too far behind), ends with the 410 line so that the
-client relists instead of resuming at ``L`` (``CachedEvent.ends_group`` marks the group's last
-event). Only a client that breaks its own stream inside a group can hold ``L`` without all of it;
-the subscriber counts those (``watchproxy_relist_group_cuts_total``). Relist events below the
-cache's RV (anomalous data, see :meth:`WatchCache.replace`) are not at a list RV: a resume at
-their RV replays them (at least once).
+appends the diff: ADDED/MODIFIED in ascending order of their own RV, then DELETED for objects
+gone, with their last known state at the list's RV ``L`` (the first RV at which each is known
+gone; last, so that no client's RVs go backwards). A client holding ``L`` has had the whole
+group, and a resume at ``L`` gets what came after it. Mechanism of the old duplicates: the group
+was replayed to every resume at ``L`` (in case the client had stopped inside it), so a client
+re-watching at ``L`` before anything newer arrived (after a bookmark at ``L``, or on a timer)
+got it again each time. ``L`` can be trusted because the hub never ends a stream inside a group
+by itself: the subscriber writes the rest first or, when it cannot, ends with the 410 line
+(``CachedEvent.ends_group`` marks a group's last event); only a client that breaks its own
+stream inside one can hold ``L`` without all of it (``watchproxy_relist_group_cuts_total``).
+Relist events below the cache's RV (anomalous data) are not at a list RV: a resume at their RV
+replays them.
 
-A relist from cache RV ``R`` to list RV ``L`` is a gap in the history: a client whose state is
-at an RV strictly between them may hold an object created and deleted within the gap, which no
-diff can know to delete, or may have read part of the diff. :meth:`WatchCache.plan` answers such
-an RV ``expired`` (the apiserver's 410 for ``R`` is what made it ambiguous: passing it through
-could lose deletes silently), and a subscriber that joined ahead of the cache with such an RV is
-ended by :meth:`WatchCache.events_from` (pass its ``start_rv``).
+The relist from cache RV ``R`` to ``L`` is a gap: a client at an RV strictly between them may
+hold an object created and deleted within it, which no diff can know to delete, or may have
+read part of the diff. :meth:`WatchCache.plan` answers such an RV ``expired`` (the apiserver's
+410 for ``R`` made it ambiguous; passing it through could lose deletes silently), and
+:meth:`WatchCache.events_from` ends a subscriber that joined ahead of the cache at such an RV.
 
 The window starts where the clients need it (issue 18). Mechanism of the old spurious 410s: the
-first list set the oldest resumable RV to the list's RV, so a client whose RV was even one change
-older (an informer that had just LISTed, a client resuming after a restart) was told 410 though
-the apiserver still had that history. Now the first :meth:`WatchCache.replace`
-may be given a ``floor``: the oldest RV a waiting client asked for, older than the list. The
-upstream watch is then opened from the floor, and the events it replays up to the list RV
-("backfill") enter the history without touching the state, which the list already holds. Two
-RVs follow: ``resource_version`` (what the state reflects) and ``stream_resource_version``
-(up to where the history is complete: the upstream watch resumes from it, and bookmarks carry
-it); they differ only during the backfill. If the apiserver answers 410 for the backfill,
-:meth:`WatchCache.abandon_backfill` records a cutoff: subscribers that started below the list
-RV read what they had, then get the apiserver's own 410 line and end.
+first list set the oldest resumable RV to its own RV, so a client one change older (an informer
+that had just LISTed, a client resuming after a restart) got a 410 the apiserver would not have
+given. Now the first :meth:`WatchCache.replace` may be given a ``floor`` (the oldest RV a
+waiting client asked for): the upstream watch opens from it, and the events it replays up to
+the list RV ("backfill") enter the history only. ``resource_version`` (what the state reflects)
+and ``stream_resource_version`` (up to where the history is complete: the upstream watch
+resumes from it, bookmarks carry it) differ only then. If the apiserver answers 410 for the
+backfill, :meth:`WatchCache.abandon_backfill` records a cutoff: subscribers that started below
+the list RV read what they had, then get the apiserver's own 410 line and end.
 
-Apart from those relist consequences, the cache makes up no 410: an RV older than its history
-is ``outside_window``, and the hub passes that watch to the apiserver, whose answer (events or
-its own 410) is the right one.
-
-Eviction: beyond ``capacity`` events, beyond ``max_bytes``, and events older than ``max_age``.
-Evicting an event makes RVs below its own
-unresumable. A list older than the cache (an etcd restore, a stale read) raises
+Apart from those, the cache makes up no 410: an RV older than its history is
+``outside_window``, and the hub passes that watch to the apiserver. Evicting an event makes RVs
+below its own unresumable. A list older than the cache (an etcd restore, a stale read) raises
 :class:`ListRegressed`; :meth:`WatchCache.reset` then starts over and evicts every cursor.
 """
 
 from __future__ import annotations
 
-import bisect
-import dataclasses
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from watchproxy.errors import status_object
+from watchproxy.hub import cachestate
+from watchproxy.hub.cachestate import CacheState
 from watchproxy.hub.cachetypes import (
     ADDED,
     DELETED,
@@ -76,19 +64,12 @@ from watchproxy.hub.cachetypes import (
     parse_rv,
 )
 from watchproxy.hub.historybudget import HistoryBudget
+from watchproxy.hub.historyring import HistoryRing
 from watchproxy.hub.window import ResumeWindow
 from watchproxy.kube.representation import Representation
 
 _EVENT_TYPES = frozenset({ADDED, MODIFIED, DELETED})
 Obj = dict[str, Any]
-
-
-@dataclass(slots=True)
-class _Entry:
-    kept: Any  # what the representation keeps of the object (see Representation.keep)
-    rv: int
-    size: int  # bytes of its encoded form, counted in state_bytes
-    added_line: bytes | None = None  # synthetic ADDED, encoded on first use
 
 
 class WatchCache:
@@ -118,30 +99,24 @@ class WatchCache:
         if max_age <= 0:
             raise ValueError("max_age must be positive")
         self._rep = representation
-        self._capacity = capacity
-        self._max_age = max_age
-        self._max_bytes = max_bytes  # 0: no bound of its own
-        self._budget = budget
         self._clock = clock
-        self._state: dict[str, _Entry] = {}
-        self._state_bytes = 0
-        self._events: list[CachedEvent] = []  # ring: live events are self._events[self._head:]
-        self._head = 0
-        self._bytes = 0
-        self._next_seq = 0
+        self._state = CacheState(representation)
+        self._ring = HistoryRing(
+            capacity=capacity,
+            max_age=max_age,
+            max_bytes=max_bytes,
+            budget=budget,
+            on_drop=self._dropped,
+        )
         self._rv: int | None = None  # the state's RV
         self._rv_str: str | None = None
         self._stream: tuple[int, str] | None = None  # history complete up to here
         self._window = ResumeWindow()
         self._bookmark_cache: tuple[str, bytes] | None = None
-        if budget is not None:
-            budget.register(self)
 
     def detach(self) -> None:
         """The shared watch ends: its history no longer counts against the budget."""
-        if self._budget is not None:
-            self._budget.unregister(self)
-            self._budget = None
+        self._ring.detach()
 
     # --- properties ---------------------------------------------------------------------
 
@@ -177,11 +152,11 @@ class WatchCache:
 
     @property
     def next_seq(self) -> int:
-        return self._next_seq
+        return self._ring.next_seq
 
     @property
     def oldest_seq(self) -> int:
-        return self._next_seq - self.history_len()
+        return self._ring.oldest_seq
 
     @property
     def oldest_resumable_rv(self) -> int | None:
@@ -191,7 +166,7 @@ class WatchCache:
         return len(self._state)
 
     def history_len(self) -> int:
-        return len(self._events) - self._head
+        return len(self._ring)
 
     # --- feeding ------------------------------------------------------------------------
 
@@ -204,10 +179,9 @@ class WatchCache:
         the list, the history starts there and the upstream watch must replay from it.
         """
         rv = parse_rv(list_rv)
-        keyed = self._keyed(items)
+        keyed = cachestate.keyed(self._rep, items)
         if self._rv is None:
-            self._state = keyed
-            self._state_bytes = sum(entry.size for entry in keyed.values())
+            self._state.reset(keyed)
             self._set_rv(rv, list_rv)
             self._stream = (rv, list_rv)
             start = rv
@@ -220,7 +194,7 @@ class WatchCache:
             raise RuntimeError("relist during a backfill: abandon_backfill() first")
         if rv < self._rv:
             raise ListRegressed(f"list resourceVersion {rv} is older than the cache's {self._rv}")
-        self._window.relisted(self._next_seq, self._rv, rv)
+        self._window.relisted(self._ring.next_seq, self._rv, rv)
         now = self._clock()
         changed = [
             (entry.rv, key, entry)
@@ -233,20 +207,20 @@ class WatchCache:
         at_least = self._rv
         for obj_rv, key, entry in changed:
             event_type = MODIFIED if key in self._state else ADDED
-            self._put(key, entry)
+            self._state.put(key, entry)
             at_least = max(at_least, obj_rv)  # only anomalous data is below the cache RV
-            obj = self._rep.kept_object(entry.kept)
+            obj = self._state.object_of(entry)
             out.append(self._append(event_type, at_least, key, obj, now, relist=True))
         for key in gone:
-            last = self._pop(key)
+            last = self._state.pop(key)
             assert last is not None
-            obj = self._rep.with_rv(self._rep.kept_object(last.kept), list_rv)
+            obj = self._rep.with_rv(self._state.object_of(last), list_rv)
             out.append(self._append(DELETED, rv, key, obj, now, relist=True))
         if out:
-            out[-1] = self._events[-1] = dataclasses.replace(out[-1], ends_group=True)
+            out[-1] = self._ring.end_group()
         self._set_rv(rv, list_rv)
         self._stream = (rv, list_rv)
-        self._evict(now)
+        self._ring.evict(now)
         return out
 
     def reset(self, items: Sequence[Obj | ListedObject], list_rv: str) -> None:
@@ -257,11 +231,8 @@ class WatchCache:
         resumable.
         """
         rv = parse_rv(list_rv)
-        self._state = self._keyed(items)
-        self._state_bytes = sum(entry.size for entry in self._state.values())
-        self._charge(-self._bytes)
-        self._events, self._head, self._bytes = [], 0, 0
-        self._next_seq += 1
+        self._state.reset(cachestate.keyed(self._rep, items))
+        self._ring.clear()
         self._rv, self._rv_str = rv, list_rv
         self._stream = (rv, list_rv)
         self._window.start(rv)
@@ -287,13 +258,12 @@ class WatchCache:
         event = self._append(event_type, rv, key, obj, now, relist=False)
         if rv > self._rv:
             if event_type == DELETED:
-                self._pop(key)
+                self._state.pop(key)
             else:  # ADDED for a known key / MODIFIED for an unknown one: upsert, keep the type
-                kept = self._rep.keep(event_type, obj, event.line)
-                self._put(key, _Entry(kept, rv, len(event.line)))
+                self._state.keep(key, event_type, obj, event.line, rv)
             self._set_rv(rv, rv_str)
         self._stream = (rv, rv_str)
-        self._evict(now)
+        self._ring.evict(now)
         return event
 
     def bookmark(self, rv: str) -> None:
@@ -316,12 +286,12 @@ class WatchCache:
         if not self.backfilling:
             return
         assert self._rv is not None and self._rv_str is not None
-        self._window.cut(self._next_seq, self._rv, line)
+        self._window.cut(self._ring.next_seq, self._rv, line)
         self._stream = (self._rv, self._rv_str)
 
     def evict_expired(self) -> int:
         """Drop events older than ``max_age``; returns how many were dropped."""
-        return self._evict(self._clock())
+        return self._ring.evict(self._clock())
 
     # --- serving ------------------------------------------------------------------------
 
@@ -334,7 +304,7 @@ class WatchCache:
                 wanted = parse_rv(rv)
                 if wanted > self._rv:
                     return StartPlan(
-                        initial=[], next_seq=self._next_seq, min_rv=wanted, wait_rv=wanted
+                        initial=[], next_seq=self._ring.next_seq, min_rv=wanted, wait_rv=wanted
                     )
             initial = self._initial_lines()
             if send_initial_events:
@@ -343,26 +313,23 @@ class WatchCache:
             skip = self._rv if self.backfilling else -1
             return StartPlan(
                 initial=initial,
-                next_seq=self._next_seq,
+                next_seq=self._ring.next_seq,
                 initial_rv=self._rv_str,
                 min_rv=skip,
                 start_rv=self._rv,
             )
         wanted = parse_rv(rv)
         if self._window.expired(wanted):
-            return StartPlan(initial=[], next_seq=self._next_seq, expired=True)
+            return StartPlan(initial=[], next_seq=self._ring.next_seq, expired=True)
         if self._window.outside(wanted):
-            return StartPlan(initial=[], next_seq=self._next_seq, outside_window=True)
+            return StartPlan(initial=[], next_seq=self._ring.next_seq, outside_window=True)
         if wanted > self._stream[0]:
-            return StartPlan(initial=[], next_seq=self._next_seq, min_rv=wanted, start_rv=wanted)
-        events, head = self._events, self._head
-        at = bisect.bisect_right(events, wanted, lo=head, key=lambda e: e.rv)
+            return StartPlan(
+                initial=[], next_seq=self._ring.next_seq, min_rv=wanted, start_rv=wanted
+            )
         # Relist events at exactly ``wanted`` are replayed unless ``wanted`` is their list's RV
         # (see the module docstring).
-        trusted = self._window.is_list_rv(wanted)
-        while at > head and events[at - 1].rv == wanted and events[at - 1].relist and not trusted:
-            at -= 1
-        next_seq = events[at].seq if at < len(events) else self._next_seq
+        next_seq = self._ring.start_after(wanted, not self._window.is_list_rv(wanted))
         return StartPlan(initial=[], next_seq=next_seq, start_rv=wanted)
 
     def events_from(self, seq: int, start_rv: int = -1) -> Sequence[CachedEvent] | None:
@@ -376,12 +343,12 @@ class WatchCache:
         oldest = self.oldest_seq
         if seq < oldest:
             return None
-        end = self._window.end_of(seq, start_rv, self._next_seq)
+        end = self._window.end_of(seq, start_rv, self._ring.next_seq)
         if end is None:
             return None
         if seq >= end:
             return []
-        return self._events[self._head + seq - oldest : self._head + end - oldest]
+        return self._ring.slice(seq, end)
 
     def expired_line(self, rv: str) -> bytes:
         """An ERROR event with a 410 Expired Status for an ``expired`` plan's ``rv``."""
@@ -411,134 +378,57 @@ class WatchCache:
 
     def objects_snapshot(self) -> list[Obj]:
         """The current objects (watch-event form; do not mutate them)."""
-        return [self._rep.kept_object(entry.kept) for entry in self._state.values()]
+        return self._state.objects()
 
     def list_response(self) -> bytes:
         """A LIST response body of the current state at its RV."""
         if self._rv_str is None:
             raise NotSynced("list_response() before the first replace()")
-        kept = [entry.kept for entry in self._state.values()]
-        return self._rep.encode_kept_list(kept, self._rv_str)
+        return self._state.list_body(self._rv_str)
 
     def stats(self) -> dict[str, Any]:
         return {
             "objects": len(self._state),
             "history_events": self.history_len(),
-            "history_bytes": self._bytes,
+            "history_bytes": self._ring.bytes,
             "resource_version": self._rv_str,
             "oldest_resumable_rv": self._window.oldest,
             "oldest_seq": self.oldest_seq,
-            "next_seq": self._next_seq,
+            "next_seq": self._ring.next_seq,
         }
 
     # --- internals ----------------------------------------------------------------------
-
-    def _keyed(self, items: Sequence[Obj | ListedObject]) -> dict[str, _Entry]:
-        keyed: dict[str, _Entry] = {}
-        for item in items:
-            listed = item if isinstance(item, ListedObject) else self.listed(self._rep, item)
-            keyed[listed.key] = _Entry(listed.kept, listed.rv, listed.size)
-        return keyed
-
-    @staticmethod
-    def listed(rep: Representation, obj: Obj, line: bytes | None = None) -> ListedObject:
-        """``obj`` of a LIST page in the form the cache keeps (the fetcher calls this per page,
-        so that a collection is never held as parsed objects all at once). ``line``: its
-        ADDED event line, if the representation made it already."""
-        line = line or rep.encode_event(ADDED, obj)
-        kept = rep.keep(ADDED, obj, line)
-        return ListedObject(rep.object_key(obj), parse_rv(rep.object_rv(obj)), kept, len(line))
 
     def _set_rv(self, rv: int, rv_str: str) -> None:
         self._rv, self._rv_str = rv, rv_str
 
     def _initial_lines(self) -> list[bytes]:
-        lines: list[bytes] = []
-        for entry in self._state.values():
-            line = self._rep.kept_added_line(entry.kept) or entry.added_line
-            if line is None:
-                line = entry.added_line = self._rep.encode_event(ADDED, entry.kept)
-            lines.append(line)
-        return lines
+        return self._state.added_lines()
 
     def _append(
         self, event_type: str, rv: int, key: str, obj: Obj, now: float, *, relist: bool
     ) -> CachedEvent:
         line = self._rep.stream_line(event_type, obj)
-        event = CachedEvent(self._next_seq, event_type, rv, key, line, now, relist)
-        self._next_seq += 1
-        self._events.append(event)
-        self._bytes += len(line)
-        self._charge(len(line))
-        return event
-
-    def _evict(self, now: float) -> int:
-        events, evicted = self._events, 0
-        deadline = now - self._max_age
-        while self._head < len(events) and (
-            len(events) - self._head > self._capacity
-            or (self._max_bytes and self._bytes > self._max_bytes)
-            or events[self._head].time < deadline
-        ):
-            self._drop_head()
-            evicted += 1
-        self._compact()
-        if self._budget is not None:
-            self._budget.enforce()
-        return evicted
+        return self._ring.append(event_type, rv, key, line, now, relist=relist)
 
     @property
     def history_bytes(self) -> int:
-        return self._bytes
+        return self._ring.bytes
 
     @property
     def state_bytes(self) -> int:
         """Bytes of the current objects, encoded (what hub.cache_max_bytes bounds)."""
-        return self._state_bytes
+        return self._state.bytes
 
-    def _put(self, key: str, entry: _Entry) -> None:
-        old = self._state.get(key)
-        self._state[key] = entry
-        self._state_bytes += entry.size - (old.size if old is not None else 0)
-
-    def _pop(self, key: str) -> _Entry | None:
-        old = self._state.pop(key, None)
-        if old is not None:
-            self._state_bytes -= old.size
-        return old
-
-    def shed_oldest(self) -> bool:
-        """Evict the oldest event for the byte budget; False when only the newest is left:
-        caught-up subscribers may not have been handed it yet, and losing it would end them."""
-        if len(self._events) - self._head <= 1:
-            return False
-        self._drop_head()
-        self._compact()
-        return True
-
-    def _drop_head(self) -> None:
-        events = self._events
-        gone = events[self._head]
-        self._head += 1
-        self._bytes -= len(gone.line)
-        self._charge(-len(gone.line))
+    def _dropped(self, gone: CachedEvent, oldest: CachedEvent | None) -> None:
         # A client at gone.rv has seen gone and everything else at that RV — except at relist
         # events below their list's RV, which are replayed: with part of them gone, a client
         # at that RV could not get them all again, so that one RV becomes a (one-RV) gap.
         if (
             gone.relist
-            and self._head < len(events)
-            and events[self._head].rv == gone.rv
+            and oldest is not None
+            and oldest.rv == gone.rv
             and not self._window.is_list_rv(gone.rv)
         ):
             self._window.group_broken(gone.rv)
         self._window.evicted(gone.rv)
-
-    def _charge(self, delta: int) -> None:
-        if self._budget is not None:
-            self._budget.charge(delta)
-
-    def _compact(self) -> None:
-        if self._head > 1024 and self._head * 2 > len(self._events):
-            del self._events[: self._head]
-            self._head = 0

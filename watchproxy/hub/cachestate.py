@@ -1,0 +1,106 @@
+"""The current objects of one shared watch, in the form its representation keeps them.
+
+Part of :class:`~watchproxy.hub.watchcache.WatchCache` (which owns one): the objects by key,
+each with its resourceVersion and encoded size, and the running total of those sizes (what
+``hub.cache_max_bytes`` bounds). A JSON representation keeps each object as its ADDED line
+(see ``JsonRepresentation``): initial syncs write those lines as they are and lists splice
+them; nothing here parses an object back except :meth:`CacheState.object_of`. Pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from watchproxy.hub.cachetypes import ADDED, ListedObject, parse_rv
+from watchproxy.kube.representation import Representation
+
+Obj = dict[str, Any]
+
+
+@dataclass(slots=True)
+class Entry:
+    kept: Any  # what the representation keeps of the object (see Representation.keep)
+    rv: int
+    size: int  # bytes of its encoded form, counted in CacheState.bytes
+    added_line: bytes | None = None  # synthetic ADDED, encoded on first use
+
+
+def listed(rep: Representation, obj: Obj, line: bytes | None = None) -> ListedObject:
+    """``obj`` of a LIST page in the form the cache keeps (the fetcher calls this per page, so
+    that a collection is never held as parsed objects all at once). ``line``: its ADDED event
+    line, if the representation made it already."""
+    line = line or rep.encode_event(ADDED, obj)
+    kept = rep.keep(ADDED, obj, line)
+    return ListedObject(rep.object_key(obj), parse_rv(rep.object_rv(obj)), kept, len(line))
+
+
+def keyed(rep: Representation, items: Sequence[Obj | ListedObject]) -> dict[str, Entry]:
+    """A LIST's objects by key, as entries."""
+    out: dict[str, Entry] = {}
+    for item in items:
+        one = item if isinstance(item, ListedObject) else listed(rep, item)
+        out[one.key] = Entry(one.kept, one.rv, one.size)
+    return out
+
+
+class CacheState:
+    """Objects by key; ``bytes`` is the sum of their encoded sizes."""
+
+    def __init__(self, rep: Representation) -> None:
+        self._rep = rep
+        self._entries: dict[str, Entry] = {}
+        self.bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def get(self, key: str) -> Entry | None:
+        return self._entries.get(key)
+
+    def reset(self, entries: dict[str, Entry]) -> None:
+        self._entries = entries
+        self.bytes = sum(entry.size for entry in entries.values())
+
+    def put(self, key: str, entry: Entry) -> None:
+        old = self._entries.get(key)
+        self._entries[key] = entry
+        self.bytes += entry.size - (old.size if old is not None else 0)
+
+    def keep(self, key: str, event_type: str, obj: Obj, line: bytes, rv: int) -> None:
+        """The object of an upstream event (``line``: its encoded event) is now current."""
+        self.put(key, Entry(self._rep.keep(event_type, obj, line), rv, len(line)))
+
+    def pop(self, key: str) -> Entry | None:
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self.bytes -= old.size
+        return old
+
+    def object_of(self, entry: Entry) -> Obj:
+        return self._rep.kept_object(entry.kept)
+
+    def objects(self) -> list[Obj]:
+        """The current objects (watch-event form; do not mutate them)."""
+        return [self._rep.kept_object(entry.kept) for entry in self._entries.values()]
+
+    def list_body(self, rv: str) -> bytes:
+        """A LIST response body of the current objects at ``rv``."""
+        return self._rep.encode_kept_list([e.kept for e in self._entries.values()], rv)
+
+    def added_lines(self) -> list[bytes]:
+        """An ADDED line per object (the start of a watch without a resourceVersion)."""
+        lines: list[bytes] = []
+        for entry in self._entries.values():
+            line = self._rep.kept_added_line(entry.kept) or entry.added_line
+            if line is None:
+                line = entry.added_line = self._rep.encode_event(ADDED, entry.kept)
+            lines.append(line)
+        return lines
