@@ -143,14 +143,20 @@ class Fetcher:
                 page = rep.decode_list_page_lines(body)
                 first = len(items)
                 items.extend(cachestate.listed(rep, obj, line) for obj, line in page.items)
-                page_rv, token = page.rv, page.token
+                page_rv, token, remaining = page.rv, page.token, page.remaining
             except (ValueError, KeyError, TypeError, AttributeError) as error:
                 return Broken(f"unreadable list: {type(error).__name__}")
             del page, body  # not held while the next page is read
-            listed_bytes += sum(i.size for i in items[first:] if isinstance(i, ListedObject))
-            if not action.relist and not self._cache_admits(listed_bytes):
-                # Checked page by page, so that the budget is never exceeded by more than a
-                # page: the key is not shared (see the multiplexer), nothing is kept.
+            page_bytes = sum(i.size for i in items[first:] if isinstance(i, ListedObject))
+            listed_bytes += page_bytes
+            # What the whole list will take, from this page's average and the apiserver's
+            # remainingItemCount when it gives one: a collection that cannot fit is refused
+            # after its first page rather than after the budget's worth of pages.
+            expected = listed_bytes
+            if remaining is not None and len(items) > first:
+                expected += page_bytes * remaining // (len(items) - first)
+            if not action.relist and not self._cache_admits(expected):
+                # The key is not shared (see the multiplexer), nothing is kept.
                 return Refused(507, CACHE_FULL, "application/json", None)
             list_rv = list_rv or page_rv
             if not token:

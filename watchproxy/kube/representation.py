@@ -119,6 +119,7 @@ class ListPage:
     items: Iterator[tuple[Obj, bytes]]
     rv: str = ""
     token: str = ""
+    remaining: int | None = None  # metadata.remainingItemCount, when the apiserver says
 
 
 class Representation:
@@ -348,7 +349,10 @@ class JsonRepresentation(Representation):
                 yield self._item_line(text, value, start, end, typing)
         document["items"] = []
         _, page.rv = self.list_items(document)  # learns the kind, checks the RV
-        page.token = (document.get("metadata") or {}).get("continue") or ""
+        metadata = document.get("metadata") or {}
+        page.token = metadata.get("continue") or ""
+        remaining = metadata.get("remainingItemCount")
+        page.remaining = remaining if isinstance(remaining, int) and remaining >= 0 else None
 
     def _typed_prefix(self, document: Obj) -> _Typing:
         """The items' apiVersion and kind, and the start of their ADDED lines."""
