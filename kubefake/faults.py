@@ -45,6 +45,8 @@ class Faults:
         self._fail: list[tuple[int, float | None]] = []
         self.hang: bool = False
         self._garbage = 0
+        self._list_gate: asyncio.Event | None = None
+        self.lists_held = 0
 
     # -- outages ---------------------------------------------------------------------------
 
@@ -85,6 +87,21 @@ class Faults:
         writer.transport.abort()
 
     # -- request faults --------------------------------------------------------------------
+
+    def hold_lists(self, hold: bool) -> None:
+        """While held, LISTs wait before reading the store (``lists_held`` counts them);
+        releasing lets them read it, in arrival order."""
+        if hold and self._list_gate is None:
+            self._list_gate = asyncio.Event()
+        elif not hold and self._list_gate is not None:
+            self._list_gate.set()
+            self._list_gate = None
+
+    async def before_list(self) -> None:
+        gate = self._list_gate
+        if gate is not None:
+            self.lists_held += 1
+            await gate.wait()
 
     def throttle(self, retry_after: float | None) -> None:
         """While set, every API request gets 429 with ``Retry-After``; None clears it."""

@@ -107,6 +107,7 @@ class ResourceHandlers:
         _check_request_timeout(request)  # only short requests have a deadline
         if method == "GET":
             if options is not None:
+                await self.ctx.faults.before_list()
                 return self.list(request, path, options)
             return self.get(request, path)
         if path.legacy_watch:

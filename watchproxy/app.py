@@ -23,6 +23,7 @@ from watchproxy.policy.clientlimits import ClientRateLimiter, ErroredWatchLimite
 from watchproxy.policy.ratelimit import UpstreamLimiter
 from watchproxy.server.admin import build_admin_app
 from watchproxy.server.api import ApiHandler, build_api_app
+from watchproxy.server.listbatch import ListBatcher
 from watchproxy.server.listener import ConnectionGuard, status_server_factory
 from watchproxy.server.passthrough import Forwarder
 from watchproxy.server.upgrade import WebSocketRelay
@@ -107,6 +108,15 @@ class Proxy:
             forward_impersonation=config.security.impersonation == "forward",
             stream_idle_timeout=config.upstream.stream_idle_timeout_seconds,
         )
+        self.list_batcher: ListBatcher | None = None
+        if config.limits.list_batch_max_bytes:
+            self.list_batcher = ListBatcher(
+                self.upstream,
+                max_bytes=config.limits.list_batch_max_bytes,
+                forward_identity=config.security.identity == "forward",
+                forward_impersonation=config.security.impersonation == "forward",
+                metrics=self.metrics,
+            )
         self.hub: Hub | None = None
         if config.hub.enabled:
             self.hub = Hub(
@@ -178,6 +188,7 @@ class Proxy:
                 forward_impersonation=self.config.security.impersonation == "forward",
             ),
             forwarder=self.forwarder,
+            list_batcher=self.list_batcher,
             metrics=self.metrics,
             policy=AccessPolicy(
                 self.config.security.rules,
@@ -260,6 +271,8 @@ class Proxy:
                 except TimeoutError:
                     log.warning("the hub did not close within half the %gs shutdown grace", grace)
             self.forwarder.close_streams()
+            if self.list_batcher is not None:
+                await self.list_batcher.close()
             # The API runner waits for the handlers still finishing (half the grace), then
             # cancels them and closes every connection.
             for runner in self._runners[:1]:

@@ -140,6 +140,9 @@ class LimitsConfig:
     max_connections: int = 1024
     max_watches: int = 1000
     shutdown_grace_seconds: float = 5.0
+    # Identical LISTs without a resourceVersion share one upstream request when its answer is
+    # at most this big (0: never batch).
+    list_batch_max_bytes: int = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -398,6 +401,8 @@ def _check(config: Config, where: str) -> None:
         raise ConfigError(f"{where}: backoff.max_seconds: must be >= backoff.initial_seconds")
     if b.probe_max_seconds < b.initial_seconds:
         raise ConfigError(f"{where}: backoff.probe_max_seconds: must be >= backoff.initial_seconds")
+    if config.limits.list_batch_max_bytes < 0:
+        raise ConfigError(f"{where}: limits.list_batch_max_bytes: must be >= 0 (0: never)")
     h = config.hub
     if h.history_size < 1:
         raise ConfigError(f"{where}: hub.history_size: must be >= 1")

@@ -296,6 +296,17 @@ class Metrics:
             "watchproxy_watch_relists",
             "Relists of a shared watch after the upstream answered 410 Expired.",
         )
+        self.lists_batched = add(
+            Counter,
+            "watchproxy_lists_batched",
+            "LIST requests without a resourceVersion answered by an upstream LIST they shared "
+            "with identical requests that arrived while the previous one was in flight.",
+        )
+        self.list_batches = add(
+            Counter,
+            "watchproxy_list_batches",
+            "Upstream LISTs sent for batches of identical LIST requests (see lists_batched).",
+        )
         self.lists_from_cache = add(
             Counter,
             "watchproxy_lists_from_cache",

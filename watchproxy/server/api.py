@@ -30,6 +30,7 @@ from watchproxy.policy.access import (
 )
 from watchproxy.policy.clientlimits import ErroredWatchLimiter
 from watchproxy.policy.fairqueue import flow
+from watchproxy.server.listbatch import ListBatcher
 from watchproxy.server.listener import ConnectionGuard
 from watchproxy.server.passthrough import Forwarder
 from watchproxy.server.upgrade import WebSocketRelay
@@ -132,9 +133,11 @@ class ApiHandler:
         watch_errors: ErroredWatchLimiter | None = None,
         guard: ConnectionGuard | None = None,
         relay: WebSocketRelay | None = None,
+        list_batcher: ListBatcher | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.guard = guard
+        self.list_batcher = list_batcher
         self.relay = relay
         self.forwarder = forwarder
         self.metrics = metrics
@@ -296,6 +299,18 @@ class ApiHandler:
                 hub_streams.dec()
             if served is not None:
                 return verb, served
+        if (
+            verb == "list"
+            and self.list_batcher is not None
+            and request.method == "GET"
+            and query is not None
+            and not query.resource_version
+            and not query.continue_token
+        ):
+            with flow(self._flow_of(request)):
+                batched = await self.list_batcher.serve(request)
+            if batched is not None:
+                return verb, batched
         gauge = self.metrics.in_flight.labels("stream") if streaming else None
         if gauge is not None:
             gauge.inc()

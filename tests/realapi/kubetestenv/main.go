@@ -278,13 +278,30 @@ func startEtcd(dir string, port int) (*embed.Etcd, error) {
 	}
 }
 
+var handedOut = map[int]bool{}
+
+// freePort picks a port that is free now, below the kernel's ephemeral range (32768 and up on
+// Linux). Mechanism of the old "address already in use": a port from Listen(":0") is an
+// ephemeral one, and between its Close here and etcd's bind a moment later the kernel could
+// hand the same port to any outgoing connection on the machine (tests running beside this one
+// open thousands). Ports below the range are only ever taken by an explicit bind.
 func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+	const low, high = 20000, 32000
+	start := low + int(time.Now().UnixNano()%int64(high-low))
+	for i := 0; i < high-low; i++ {
+		port := low + (start-low+i)%(high-low)
+		if handedOut[port] {
+			continue // free again, but one of ours: another listener binds it soon
+		}
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			continue
+		}
+		l.Close()
+		handedOut[port] = true
+		return port, nil
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return 0, fmt.Errorf("no free port in %d-%d", low, high)
 }
 
 type credentials struct {

@@ -1,0 +1,183 @@
+"""Identical consistent LISTs share one upstream request (issue 16, part 2, in part).
+
+A LIST without a resourceVersion asks for the current state (a quorum read). Such a request
+cannot reuse an answer the apiserver began before it arrived, but it can share the next one:
+requests for the same path, query and forwarded headers that arrive while one upstream LIST of
+theirs is in flight join one batch, and the batch is sent when that LIST has answered. Every
+request in a batch arrived before the batch's upstream request was sent, so the answer is as
+fresh as each of them asked for. At most one upstream LIST per key is in flight and one batch
+waits; N clients listing at once cost the apiserver two LISTs, not N.
+
+Only first pages are batched (a ``continue`` token is one client's), and only answers up to
+``max_bytes``: a batch whose answer is larger hands every member back to the ordinary
+pass-through, each with its own request. A batch that gets no answer (refused by the rate
+limiter, the apiserver unreachable, the body cut) fails every member with that error, as the
+pass-through would have: nothing is retried behind the client's back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+
+from watchproxy.errors import ProxyError, UpstreamUnavailable
+from watchproxy.kube.headers import forwarded_credential, request_headers, response_headers
+from watchproxy.metrics import Metrics
+from watchproxy.upstream.client import Upstream
+
+log = logging.getLogger("watchproxy.passthrough")
+
+# Headers that differ between otherwise identical requests and do not change the answer: the
+# batch's upstream request carries its first member's.
+_NOT_IN_KEY = frozenset({"kubectl-session", "kubectl-command", "x-request-id", "audit-id"})
+
+Key = tuple[str, tuple[tuple[str, str], ...], str | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    status: int
+    reason: str | None
+    headers: CIMultiDict[str]
+    body: bytes
+
+
+@dataclass(slots=True)
+class Batch:
+    path: str
+    headers: CIMultiDict[str]
+    forwarded_auth: str | None
+    answer: asyncio.Future[Answer | ProxyError | None]
+    members: int = 1
+    sent: bool = False
+
+
+@dataclass(slots=True)
+class _KeyState:
+    in_flight: Batch | None = None
+    waiting: Batch | None = None
+
+
+class ListBatcher:
+    """Owns the upstream LIST tasks of every batch; :meth:`close` cancels and awaits them."""
+
+    def __init__(
+        self,
+        upstream: Upstream,
+        *,
+        max_bytes: int,
+        forward_identity: bool,
+        forward_impersonation: bool = False,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.upstream = upstream
+        self.max_bytes = max_bytes
+        self.forward_identity = forward_identity
+        self.forward_impersonation = forward_impersonation
+        self._keys: dict[Key, _KeyState] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._metrics = metrics
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def serve(self, request: web.Request) -> web.Response | None:
+        """The answer of this request's batch; None: pass it through on its own."""
+        headers = request_headers(
+            request.headers,
+            forward_identity=self.forward_identity,
+            forward_impersonation=self.forward_impersonation,
+        )
+        auth = forwarded_credential(request.headers, self.forward_identity)
+        key: Key = (
+            request.raw_path,
+            tuple(
+                sorted((k.lower(), v) for k, v in headers.items() if k.lower() not in _NOT_IN_KEY)
+            ),
+            auth,
+        )
+        state = self._keys.setdefault(key, _KeyState())
+        batch = state.waiting
+        if batch is not None:
+            batch.members += 1
+        else:
+            loop = asyncio.get_running_loop()
+            batch = Batch(request.raw_path, headers, auth, loop.create_future())
+            if state.in_flight is None:
+                self._send(key, state, batch)
+            else:
+                state.waiting = batch
+        answer = await asyncio.shield(batch.answer)
+        if answer is None:
+            return None
+        if isinstance(answer, ProxyError):
+            raise answer.with_traceback(None)  # one error object, raised once per member
+        if self._metrics is not None:
+            self._metrics.lists_batched.inc()
+        response = web.Response(status=answer.status, reason=answer.reason, body=answer.body)
+        response.headers.extend(answer.headers)
+        return response
+
+    def _send(self, key: Key, state: _KeyState, batch: Batch) -> None:
+        state.in_flight = batch
+        batch.sent = True
+        if self._metrics is not None:
+            self._metrics.list_batches.inc()
+        task = asyncio.create_task(self._fetch(key, state, batch), name="watchproxy-list-batch")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _fetch(self, key: Key, state: _KeyState, batch: Batch) -> None:
+        answer: Answer | ProxyError | None = None
+        try:
+            answer = await self._read(batch)
+        finally:
+            if not batch.answer.done():
+                batch.answer.set_result(answer)
+            state.in_flight = None
+            waiting, state.waiting = state.waiting, None
+            if waiting is not None:
+                self._send(key, state, waiting)
+            elif self._keys.get(key) is state:
+                del self._keys[key]
+
+    async def _read(self, batch: Batch) -> Answer | ProxyError | None:
+        try:
+            upstream = await self.upstream.open(
+                "GET",
+                batch.path,
+                headers=batch.headers,
+                verb="list",
+                wait=False,
+                forwarded_auth=batch.forwarded_auth,
+            )
+        except ProxyError as error:
+            return error
+        try:
+            length = upstream.content_length
+            if length is not None and length > self.max_bytes:
+                return None
+            chunks: list[bytes] = []
+            size = 0
+            async for chunk in upstream.content.iter_any():
+                size += len(chunk)
+                if size > self.max_bytes:
+                    return None
+                chunks.append(chunk)
+            headers = CIMultiDict(response_headers(upstream.headers, keep_length=False))
+            with contextlib.suppress(KeyError):
+                del headers["Content-Length"]
+            return Answer(upstream.status, upstream.reason, headers, b"".join(chunks))
+        except (aiohttp.ClientError, TimeoutError) as error:
+            log.info("a batched LIST broke: %s", type(error).__name__)
+            return UpstreamUnavailable(f"the upstream answer broke: {type(error).__name__}")
+        finally:
+            self.upstream.cut(upstream)
