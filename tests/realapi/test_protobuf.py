@@ -171,6 +171,15 @@ async def test_a_custom_resource_asked_for_in_protobuf_is_passed_through(
             timeout=30,
         )
     widgets = f"/apis/{group}/v1/namespaces/{namespace}/widgets"
+    # Established is not served yet: the custom resource's watch cache starts after it, and
+    # until then the apiserver answers 429 "storage is (re)initializing" with a Retry-After.
+    # A bounded poll that honours it (the apiserver offers nothing to await).
+    for _ in range(60):
+        answer = await direct.request("GET", widgets)
+        if answer.status != 429:
+            break
+        await asyncio.sleep(float(answer.headers.get("Retry-After", "1")) / 4)
+    assert answer.status == 200, answer.body
     async with proxy(tmp_path, real_apiserver) as (running, via):
         for _ in range(2):
             answer = await via.request("GET", widgets + "?watch=1&timeoutSeconds=1", headers=ACCEPT)
