@@ -111,11 +111,7 @@ class Proxy:
         self.list_batcher: ListBatcher | None = None
         if config.limits.list_batch_max_bytes:
             self.list_batcher = ListBatcher(
-                self.upstream,
-                max_bytes=config.limits.list_batch_max_bytes,
-                forward_identity=config.security.identity == "forward",
-                forward_impersonation=config.security.impersonation == "forward",
-                metrics=self.metrics,
+                self.forwarder, max_bytes=config.limits.list_batch_max_bytes, metrics=self.metrics
             )
         self.hub: Hub | None = None
         if config.hub.enabled:

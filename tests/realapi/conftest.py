@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Iterator
 import aiohttp
 import pytest
 
-from tests.realapi.fixture import RealApiServer, Unavailable, ci_requires_tier, start_kubetestenv
+from tests.realapi.fixture import RealApiServer, start_or_skip
 from tests.realapi.kubeapi import Api
 from watchproxy.upstream.connector import SerialConnector
 
@@ -20,12 +20,7 @@ def real_apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealApi
 
     Skipped when the binary was not built, except in CI (CI=true), where that fails the tier.
     """
-    try:
-        server = start_kubetestenv(tmp_path_factory.mktemp("kubetestenv"))
-    except Unavailable as why:
-        if ci_requires_tier():
-            pytest.fail(f"CI=true and the real apiserver is unavailable: {why}")
-        pytest.skip(str(why))
+    server = start_or_skip(tmp_path_factory.mktemp("kubetestenv"))
     try:
         yield server
     finally:

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+import pytest
+
 HERE = Path(__file__).resolve().parent
 BINARY = HERE / "bin" / "kubetestenv"
 SOURCES = (HERE / "go.mod", HERE / "go.sum", HERE / "kubetestenv" / "main.go")
@@ -188,6 +190,17 @@ def start_kubetestenv(
         process=process,
         _log=log,
     )
+
+
+def start_or_skip(state_dir: Path, *, extra: tuple[str, ...] = ()) -> RealApiServer:
+    """:func:`start_kubetestenv`, or skip the test when the binary was not built — except in
+    CI (CI=true), where that fails the tier."""
+    try:
+        return start_kubetestenv(state_dir, extra=extra)
+    except Unavailable as why:
+        if ci_requires_tier():
+            pytest.fail(f"CI=true and the real apiserver is unavailable: {why}")
+        pytest.skip(str(why))
 
 
 def ci_requires_tier() -> bool:

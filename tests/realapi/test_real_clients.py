@@ -32,7 +32,7 @@ from tests.clients.process import ClientProcess, Line
 from tests.clients.streams import Event, client_state, diff_report, events, markers
 from tests.e2e.test_rust_node_clients import node_kubeconfig
 from tests.harness import RunningProxy, proxy_for_upstream, wait_for
-from tests.realapi.fixture import RealApiServer, Unavailable, ci_requires_tier, start_kubetestenv
+from tests.realapi.fixture import RealApiServer, start_or_skip
 from tests.realapi.kubeapi import Api, TcpRelay
 
 pytestmark = pytest.mark.timeout(120, func_only=True)
@@ -233,15 +233,10 @@ def uncached_apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rea
     """A real apiserver of its own whose pod watches read etcd (no watch cache), so that a
     compaction makes an old resourceVersion answer 410 Expired, as on a busy cluster whose
     watch cache has moved past it."""
-    try:
-        server = start_kubetestenv(
-            tmp_path_factory.mktemp("uncached"),
-            extra=("-apiserver-args", "--watch-cache-sizes=pods#0,configmaps#0"),
-        )
-    except Unavailable as why:
-        if ci_requires_tier():
-            pytest.fail(f"CI=true and the real apiserver is unavailable: {why}")
-        pytest.skip(str(why))
+    server = start_or_skip(
+        tmp_path_factory.mktemp("uncached"),
+        extra=("-apiserver-args", "--watch-cache-sizes=pods#0,configmaps#0"),
+    )
     try:
         yield server
     finally:

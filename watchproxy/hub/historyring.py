@@ -61,10 +61,6 @@ class HistoryRing:
     def history_bytes(self) -> int:
         return self.bytes
 
-    @property
-    def newest(self) -> CachedEvent | None:
-        return self._events[-1] if len(self) else None
-
     def append(
         self, event_type: str, rv: int, key: str, line: bytes, now: float, *, relist: bool
     ) -> CachedEvent:

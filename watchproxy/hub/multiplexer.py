@@ -197,9 +197,12 @@ class Hub:
         if (key.resource_label, representation.identity) in self.unencodable:
             self.metrics.passthrough_watches.labels("representation").inc()
             return None
-        if self._over_budget.get(key, 0.0) > self.clock():
-            self.metrics.passthrough_watches.labels("cache-budget").inc()
-            return None
+        until = self._over_budget.get(key)
+        if until is not None:
+            if until > self.clock():
+                self.metrics.passthrough_watches.labels("cache-budget").inc()
+                return None
+            del self._over_budget[key]  # its 60 s are over: this client tries again
         if self.active_clients >= self.max_watches:
             raise TooManyRequests(
                 f"watchproxy serves at most {self.max_watches} watches", retry_after=5

@@ -277,6 +277,15 @@ def _walk_list(text: str) -> Iterator[tuple[str, Any, int, int]]:
             raise ValueError(f"expected {char!r} at {at}")
         return skip(at + 1)
 
+    def after_value(at: int, close: str) -> int:
+        """Past the ',' after a value, or at ``close`` when the value was the last."""
+        at = skip(at)
+        if text[at : at + 1] == ",":
+            return skip(at + 1)
+        if text[at : at + 1] != close:
+            raise ValueError(f"expected ',' or {close!r} at {at}")
+        return at
+
     at = expect(skip(0), "{")
     while text[at : at + 1] != "}":
         key, at = _DECODER.raw_decode(text, at)
@@ -290,20 +299,13 @@ def _walk_list(text: str) -> Iterator[tuple[str, Any, int, int]]:
                 if not isinstance(item, dict):
                     raise ValueError("a list item that is not an object")
                 yield key, item, at, end
-                at = skip(end)
-                if text[at : at + 1] == ",":
-                    at = skip(at + 1)
-                elif text[at : at + 1] != "]":
-                    raise ValueError(f"expected ',' or ']' at {at}")
+                at = after_value(end, "]")
             at = skip(at + 1)
         else:
             value, end = _DECODER.raw_decode(text, at)
             yield key, value, at, end
-            at = skip(end)
-        if text[at : at + 1] == ",":
-            at = skip(at + 1)
-        elif text[at : at + 1] != "}":
-            raise ValueError(f"expected ',' or '}}' at {at}")
+            at = end
+        at = after_value(at, "}")
     if skip(at + 1) != len(text):
         raise ValueError("data after the list")
 

@@ -27,9 +27,9 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from watchproxy.errors import ProxyError, UpstreamUnavailable
-from watchproxy.kube.headers import forwarded_credential, request_headers, response_headers
+from watchproxy.kube.headers import response_headers
 from watchproxy.metrics import Metrics
-from watchproxy.upstream.client import Upstream
+from watchproxy.server.passthrough import Forwarder
 
 log = logging.getLogger("watchproxy.passthrough")
 
@@ -54,8 +54,6 @@ class Batch:
     headers: CIMultiDict[str]
     forwarded_auth: str | None
     answer: asyncio.Future[Answer | ProxyError | None]
-    members: int = 1
-    sent: bool = False
 
 
 @dataclass(slots=True)
@@ -68,18 +66,11 @@ class ListBatcher:
     """Owns the upstream LIST tasks of every batch; :meth:`close` cancels and awaits them."""
 
     def __init__(
-        self,
-        upstream: Upstream,
-        *,
-        max_bytes: int,
-        forward_identity: bool,
-        forward_impersonation: bool = False,
-        metrics: Metrics | None = None,
+        self, forwarder: Forwarder, *, max_bytes: int, metrics: Metrics | None = None
     ) -> None:
-        self.upstream = upstream
+        self.forwarder = forwarder  # its upstream, and which headers go there
+        self.upstream = forwarder.upstream
         self.max_bytes = max_bytes
-        self.forward_identity = forward_identity
-        self.forward_impersonation = forward_impersonation
         self._keys: dict[Key, _KeyState] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._metrics = metrics
@@ -91,12 +82,7 @@ class ListBatcher:
 
     async def serve(self, request: web.Request) -> web.Response | None:
         """The answer of this request's batch; None: pass it through on its own."""
-        headers = request_headers(
-            request.headers,
-            forward_identity=self.forward_identity,
-            forward_impersonation=self.forward_impersonation,
-        )
-        auth = forwarded_credential(request.headers, self.forward_identity)
+        headers, auth = self.forwarder.outgoing(request)
         key: Key = (
             request.raw_path,
             tuple(
@@ -106,9 +92,7 @@ class ListBatcher:
         )
         state = self._keys.setdefault(key, _KeyState())
         batch = state.waiting
-        if batch is not None:
-            batch.members += 1
-        else:
+        if batch is None:
             loop = asyncio.get_running_loop()
             batch = Batch(request.raw_path, headers, auth, loop.create_future())
             if state.in_flight is None:
@@ -128,7 +112,6 @@ class ListBatcher:
 
     def _send(self, key: Key, state: _KeyState, batch: Batch) -> None:
         state.in_flight = batch
-        batch.sent = True
         if self._metrics is not None:
             self._metrics.list_batches.inc()
         task = asyncio.create_task(self._fetch(key, state, batch), name="watchproxy-list-batch")

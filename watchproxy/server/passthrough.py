@@ -7,6 +7,7 @@ import logging
 
 import aiohttp
 from aiohttp import web
+from multidict import CIMultiDict
 
 from watchproxy.errors import PayloadTooLarge
 from watchproxy.kube.headers import forwarded_credential, request_headers, response_headers
@@ -57,16 +58,21 @@ class Forwarder:
         for response in list(self._streams):
             self.upstream.cut(response)
 
-    async def forward(
-        self, request: web.Request, *, verb: str, streaming: bool
-    ) -> web.StreamResponse:
-        body = await read_body(request, self.max_body_bytes)
+    def outgoing(self, request: web.Request) -> tuple[CIMultiDict[str], str | None]:
+        """The headers a client request carries upstream, and the credential it runs as in
+        forward mode (None: the proxy's own)."""
         headers = request_headers(
             request.headers,
             forward_identity=self.forward_identity,
             forward_impersonation=self.forward_impersonation,
         )
-        forwarded_auth = forwarded_credential(request.headers, self.forward_identity)
+        return headers, forwarded_credential(request.headers, self.forward_identity)
+
+    async def forward(
+        self, request: web.Request, *, verb: str, streaming: bool
+    ) -> web.StreamResponse:
+        body = await read_body(request, self.max_body_bytes)
+        headers, forwarded_auth = self.outgoing(request)
         # raw_path is exactly what was checked by the path parser: forward those bytes.
         upstream_response = await self.upstream.open(
             request.method,
