@@ -13,6 +13,7 @@ _SUB_VERBS = {
     "log": ["get"],
     "exec": ["create", "get"],
     "attach": ["create", "get"],
+    "portforward": ["create", "get"],
     "scale": ["get", "patch", "update"],
 }
 _CATEGORIES = {"pods": ["all"], "services": ["all"], "deployments": ["all"]}

@@ -33,6 +33,11 @@ class Unauthorized(ApiError):
     reason = "Unauthorized"
 
 
+class Forbidden(ApiError):
+    code = 403
+    reason = "Forbidden"
+
+
 class NotFound(ApiError):
     code = 404
     reason = "NotFound"

@@ -8,7 +8,7 @@ import socket
 import struct
 from typing import Protocol
 
-from .errors import ApiError, ServiceUnavailable, TooManyRequests, error_for_code
+from .errors import ApiError, Forbidden, ServiceUnavailable, TooManyRequests, error_for_code
 from .stats import Stats
 
 OUTAGE_MODES = ("refuse", "reset", "503")
@@ -47,6 +47,7 @@ class Faults:
         self._garbage = 0
         self._list_gate: asyncio.Event | None = None
         self.lists_held = 0
+        self._forbidden: set[str] = set()
 
     # -- outages ---------------------------------------------------------------------------
 
@@ -110,6 +111,21 @@ class Faults:
     def fail_next(self, n: int, status: int, retry_after: float | None = None) -> None:
         """The next ``n`` API requests get ``status`` and a Status body."""
         self._fail.extend([(status, retry_after)] * n)
+
+    def forbid(self, resource: str, forbidden: bool = True) -> None:
+        """Requests on ``resource`` (such as ``pods/exec``) get the apiserver's RBAC 403."""
+        (self._forbidden.add if forbidden else self._forbidden.discard)(resource)
+
+    def check_allowed(self, resource: str, name: str, namespace: str | None) -> None:
+        if resource in self._forbidden:
+            group_resource = resource.partition("/")[0]
+            raise Forbidden(
+                f'{group_resource} "{name}" is forbidden: User "system:serviceaccount:default:'
+                f'default" cannot create resource "{resource}" in API group "" in the namespace '
+                f'"{namespace}"',
+                name=name,
+                kind=group_resource,
+            )
 
     def request_error(self) -> ApiError | None:
         """The error the next API request must get, if any (consumes one ``fail_next``)."""

@@ -22,6 +22,7 @@ from .paths import ApiPath
 from .remote import exec_websocket
 from .resources import ResourceType
 from .selectors import FieldSelector, Filter, LabelSelector
+from .spdyserver import exec_spdy, port_forward
 from .store import Obj, rfc3339
 from .table import METADATA, TABLE, negotiate, partial_metadata, partial_metadata_list, to_table
 from .validation import check_body, prepare_create, prepare_update, validate
@@ -97,9 +98,16 @@ class ResourceHandlers:
             return await self.logs(request, path)
         if path.subresource == "scale":
             return await self.scale(request, path)
-        if path.subresource in ("exec", "attach"):
+        if path.subresource in ("exec", "attach", "portforward"):
             assert path.name is not None
             self.ctx.store.get("pods", path.namespace, path.name)  # 404 for a missing pod
+            self.ctx.faults.check_allowed(f"pods/{path.subresource}", path.name, path.namespace)
+            if not request.headers.get("Upgrade"):
+                raise BadRequest("Upgrade request required")
+            if path.subresource == "portforward":
+                return await port_forward(request)
+            if request.headers.get("Upgrade", "").lower() == "spdy/3.1":
+                return await exec_spdy(request)
             return await exec_websocket(request)
         options = _list_options(request, path)
         if options is not None and options.watch:

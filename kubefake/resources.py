@@ -42,7 +42,7 @@ _ALL = (
         "v1",
         True,
         ("po",),
-        ("status", "log", "exec", "attach"),
+        ("status", "log", "exec", "attach", "portforward"),
         field_labels=(
             "spec.nodeName",
             "spec.restartPolicy",

@@ -180,6 +180,11 @@ class FaultProxy:
     async def __aexit__(self, *_exc: object) -> None:
         await self.stop()
 
+    @property
+    def open_links(self) -> int:
+        """Connections relayed right now."""
+        return len(self._links)
+
     # -- faults ----------------------------------------------------------------------------
 
     def reset_all(self) -> int:

@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -128,18 +129,38 @@ async def wait_for(
         await asyncio.sleep(0.01)
 
 
+def versioned_kubectl(minor: int) -> str | None:
+    """``kubectl.1.NN`` on PATH or beside the kubectl that the Google Cloud CLI installs."""
+    name = f"kubectl.1.{minor}"
+    found = shutil.which(name)
+    if found is not None:
+        return found
+    default = shutil.which(KUBECTL)
+    if default is None:
+        return None
+    beside = os.path.join(os.path.dirname(os.path.realpath(default)), name)
+    return beside if os.access(beside, os.X_OK) else None
+
+
 async def kubectl(
-    kubeconfig: str, *args: str, timeout: float = 30.0, stdin: bytes | None = None
+    kubeconfig: str,
+    *args: str,
+    timeout: float = 30.0,
+    stdin: bytes | None = None,
+    binary: str = KUBECTL,
+    env: dict[str, str] | None = None,
 ) -> tuple[int, str, str]:
-    """Run the real kubectl (client-go) without blocking the loop that serves it."""
+    """Run the real kubectl (client-go) without blocking the loop that serves it.
+    ``env`` is added to this process's environment (kubectl's feature gates are variables)."""
     process = await asyncio.create_subprocess_exec(
-        KUBECTL,
+        binary,
         "--kubeconfig",
         kubeconfig,
         *args,
         stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, **env} if env else None,
     )
     try:
         out, err = await asyncio.wait_for(process.communicate(stdin), timeout)

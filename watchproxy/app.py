@@ -26,7 +26,7 @@ from watchproxy.server.api import ApiHandler, build_api_app
 from watchproxy.server.listbatch import ListBatcher
 from watchproxy.server.listener import ConnectionGuard, status_server_factory
 from watchproxy.server.passthrough import Forwarder
-from watchproxy.server.upgrade import WebSocketRelay
+from watchproxy.server.upgrade import UpgradeRelay
 from watchproxy.server.watchsink import HubEndpoint
 from watchproxy.upstream.client import Upstream
 from watchproxy.upstream.connectivity import Connectivity
@@ -178,7 +178,7 @@ class Proxy:
         )
         handler = ApiHandler(
             guard=guard,
-            relay=WebSocketRelay(
+            relay=UpgradeRelay(
                 self.upstream,
                 forward_identity=self.config.security.identity == "forward",
                 forward_impersonation=self.config.security.impersonation == "forward",

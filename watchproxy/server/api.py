@@ -33,7 +33,7 @@ from watchproxy.policy.fairqueue import flow
 from watchproxy.server.listbatch import ListBatcher
 from watchproxy.server.listener import ConnectionGuard
 from watchproxy.server.passthrough import Forwarder
-from watchproxy.server.upgrade import WebSocketRelay
+from watchproxy.server.upgrade import UpgradeRelay
 
 log = logging.getLogger("watchproxy.server")
 
@@ -132,7 +132,7 @@ class ApiHandler:
         client_limit: Callable[[str], float] | None = None,
         watch_errors: ErroredWatchLimiter | None = None,
         guard: ConnectionGuard | None = None,
-        relay: WebSocketRelay | None = None,
+        relay: UpgradeRelay | None = None,
         list_batcher: ListBatcher | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:

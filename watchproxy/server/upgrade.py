@@ -1,66 +1,113 @@
-"""exec, attach and port-forward: relay a client's WebSocket to the apiserver, frame by frame.
+"""exec, attach and port-forward: any protocol upgrade relayed as raw bytes.
 
-kubectl >= 1.30 speaks the remote-command and port-forward protocols over WebSocket (the
-``v5.channel.k8s.io`` family). The relay opens the upstream WebSocket first, with the proxy's
-credential and the client's subprotocols, so that a refusal (403, 404) reaches the client as an
-HTTP status rather than a broken socket; then it accepts the client with the subprotocol the
-apiserver chose and copies messages both ways until either side closes. SPDY upgrades (older
-clients) are refused with a Status: kubectl then reports it instead of hanging.
+kubectl >= 1.30 speaks the remote-command protocol over WebSocket, older kubectl (and client-go's
+SPDY executor, still the fallback in every version) over SPDY/3.1; port-forward is SPDY, or SPDY
+tunnelled in WebSocket since 1.31. The relay does not need to know which: it sends the request
+upstream with the proxy's credential and the client's Upgrade and protocol headers, and a
+refusal (401, 403, 404, 400) reaches the client with the apiserver's own status and Status
+body. On 101 it answers the client with the apiserver's 101 headers and copies bytes both ways
+until either side closes, then closes both.
+
+Taking the client's connection over: aiohttp's server marks a connection upgraded only for
+``Upgrade: websocket``/``tcp``; for anything else it would parse the bytes after the request as
+the next HTTP request. Replacing the connection's payload parser (what ``WebSocketResponse``
+does) routes every byte that arrives afterwards to us, whatever the protocol. It is replaced
+before the 101 is written, so no byte of the new protocol can reach the HTTP parser: a client
+speaks only after it reads the 101.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any, cast
 
-import aiohttp
 from aiohttp import web
+from aiohttp.abc import AbstractStreamWriter
+from multidict import CIMultiDict
 
-from watchproxy.errors import BadRequest, ProxyError
-from watchproxy.kube.headers import forwarded_credential, request_headers
+from watchproxy.errors import BadRequest
+from watchproxy.kube.headers import forwarded_credential, request_headers, response_headers
 from watchproxy.upstream.client import Upstream
+from watchproxy.upstream.upgrade import UpgradeAnswer
 
 log = logging.getLogger("watchproxy.upgrade")
 
-WEBSOCKET_HEADERS = (
-    "sec-websocket-key",
-    "sec-websocket-version",
-    "sec-websocket-protocol",
-    "sec-websocket-extensions",
-)
+READ_CHUNK = 1 << 16
+# Bytes from the client held before its socket stops being read.
+CLIENT_BUFFER = 1 << 16
 
 
-class UpgradeRefused(ProxyError):
-    """The apiserver refused the WebSocket handshake; the client gets the same status."""
+class _ClientBytes:
+    """Stands in for the connection's payload parser: every byte the client sends after the
+    request head is buffered here for the pump, and the socket stops being read while more
+    than CLIENT_BUFFER bytes wait (backpressure).
 
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.reason = {401: "Unauthorized", 403: "Forbidden", 404: "NotFound"}.get(
-            code, "BadRequest" if code < 500 else "InternalError"
-        )
+    The pause is the transport's own: aiohttp's StreamReader would pause through the
+    connection's protocol, which also pauses its HTTP parser unless aiohttp itself marked the
+    connection upgraded, and that parser asserts (it never does so for SPDY)."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self._chunks: list[bytes] = []
+        self._size = 0
+        self._eof = False
+        self._paused = False
+        self._arrived = asyncio.Event()
+
+    def feed_data(self, data: bytes) -> tuple[bool, bytes]:
+        if data:
+            self._chunks.append(data)
+            self._size += len(data)
+            self._arrived.set()
+            if self._size > CLIENT_BUFFER and not self._paused:
+                self._paused = True
+                self._transport.pause_reading()
+        return False, b""
+
+    def feed_eof(self) -> None:
+        self._eof = True
+        self._arrived.set()
+
+    async def read(self) -> bytes:
+        """All bytes buffered so far, waiting for some; b"" at the client's end of stream."""
+        while not self._chunks and not self._eof:
+            self._arrived.clear()
+            await self._arrived.wait()
+        data = b"".join(self._chunks)
+        self._chunks.clear()
+        self._size = 0
+        if self._paused and not self._transport.is_closing():
+            self._paused = False
+            self._transport.resume_reading()
+        return data
 
 
-def is_websocket(request: web.Request) -> bool:
-    return request.headers.get("Upgrade", "").lower() == "websocket"
+def _switching_headers(answer: UpgradeAnswer) -> CIMultiDict[str]:
+    headers = response_headers(answer.headers, keep_length=False)
+    for name in ("Date", "Server"):
+        headers.popall(name, None)
+    headers["Connection"] = "Upgrade"
+    headers["Upgrade"] = answer.headers.get("Upgrade", "")
+    return headers
 
 
-async def _pump(
-    source: aiohttp.ClientWebSocketResponse | web.WebSocketResponse,
-    sink: aiohttp.ClientWebSocketResponse | web.WebSocketResponse,
-) -> None:
-    async for message in source:
-        if message.type == aiohttp.WSMsgType.BINARY:
-            await sink.send_bytes(message.data)
-        elif message.type == aiohttp.WSMsgType.TEXT:
-            await sink.send_str(message.data)
-        else:
-            break
-    if not sink.closed:
-        await sink.close(code=source.close_code or aiohttp.WSCloseCode.OK)
+async def _client_to_upstream(source: _ClientBytes, sink: asyncio.StreamWriter) -> None:
+    while chunk := await source.read():
+        sink.write(chunk)
+        await sink.drain()
 
 
-class WebSocketRelay:
+async def _upstream_to_client(source: asyncio.StreamReader, sink: AbstractStreamWriter) -> None:
+    transport = cast(Any, sink).transport
+    while chunk := await source.read(READ_CHUNK):
+        if transport is None or transport.is_closing():
+            return
+        transport.write(chunk)
+        await sink.drain()
+
+
+class UpgradeRelay:
     """Serves upgrade requests on pods/exec, pods/attach and pods/portforward."""
 
     def __init__(
@@ -71,48 +118,59 @@ class WebSocketRelay:
         self.forward_impersonation = forward_impersonation
 
     async def relay(self, request: web.Request) -> web.StreamResponse:
-        if not is_websocket(request):
-            raise BadRequest(
-                "watchproxy relays exec, attach and port-forward over WebSocket only "
-                "(kubectl 1.30 or newer); SPDY upgrades are not supported"
-            )
-        protocols = [
-            p.strip()
-            for value in request.headers.getall("Sec-WebSocket-Protocol", [])
-            for p in value.split(",")
-            if p.strip()
-        ]
+        if request.body_exists:
+            raise BadRequest("an upgrade request carries no body")
         headers = request_headers(
             request.headers,
             forward_identity=self.forward_identity,
             forward_impersonation=self.forward_impersonation,
         )
-        for name in WEBSOCKET_HEADERS:
-            headers.popall(name, None)
-        forwarded_auth = forwarded_credential(request.headers, self.forward_identity)
-        try:
-            upstream_ws = await self.upstream.websocket(
-                request.raw_path,
-                protocols=protocols,
-                headers=headers,
-                forwarded_auth=forwarded_auth,
-            )
-        except aiohttp.WSServerHandshakeError as refused:
-            raise UpgradeRefused(
-                refused.status, f"the apiserver refused the upgrade: {refused.message}"
-            ) from None
-        client_ws = web.WebSocketResponse(
-            protocols=[upstream_ws.protocol] if upstream_ws.protocol else (),
-            max_msg_size=0,
+        upgrade = request.headers.get("Upgrade")
+        if upgrade:
+            headers["Connection"] = "Upgrade"
+            headers["Upgrade"] = upgrade
+        answer = await self.upstream.open_upgrade(
+            request.method,
+            request.raw_path,
+            headers=headers,
+            forwarded_auth=forwarded_credential(request.headers, self.forward_identity),
         )
         try:
-            await client_ws.prepare(request)
-            async with asyncio.TaskGroup() as group:
-                group.create_task(_pump(client_ws, upstream_ws))
-                group.create_task(_pump(upstream_ws, client_ws))
-        except* (ConnectionError, aiohttp.ClientError):
-            log.info("a relayed WebSocket ended abruptly: %s", request.path)
+            if not answer.switched:
+                return web.Response(
+                    status=answer.status,
+                    body=answer.body,
+                    headers=response_headers(answer.headers, keep_length=False),
+                )
+            return await self._pipe(request, answer)
         finally:
-            if not upstream_ws.closed:
-                await upstream_ws.close()
-        return client_ws
+            await answer.close()
+
+    async def _pipe(self, request: web.Request, answer: UpgradeAnswer) -> web.StreamResponse:
+        transport = request.transport
+        if transport is None:
+            raise ConnectionResetError("the client went away before the upgrade")
+        client = _ClientBytes(transport)
+        # The payload parser's declared type is aiohttp's WebSocketReader; the connection only
+        # calls feed_data and feed_eof, which _ClientBytes provides.
+        request.protocol.set_parser(cast(Any, client))
+        response = web.StreamResponse(status=101, headers=_switching_headers(answer))
+        response.force_close()
+        writer = await response.prepare(request)
+        assert writer is not None
+        pumps = [
+            asyncio.create_task(_client_to_upstream(client, answer.writer)),
+            asyncio.create_task(_upstream_to_client(answer.reader, writer)),
+        ]
+        try:
+            await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for pump in pumps:
+                pump.cancel()
+            outcomes = await asyncio.gather(*pumps, return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, ConnectionError | OSError):
+                log.info("a relayed upgrade ended abruptly: %s (%s)", request.path, outcome)
+            elif isinstance(outcome, Exception):
+                raise outcome
+        return response

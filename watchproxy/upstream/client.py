@@ -24,6 +24,7 @@ from watchproxy.metrics import Metrics
 from watchproxy.policy.ratelimit import UpstreamLimiter, parse_retry_after
 from watchproxy.upstream.connectivity import Connectivity, ProbeFailed
 from watchproxy.upstream.connector import PROBING, SerialConnector, UpstreamDown
+from watchproxy.upstream.upgrade import BadAnswer, DialFailed, UpgradeAnswer, open_upgrade
 
 log = logging.getLogger("watchproxy.upstream")
 
@@ -250,19 +251,17 @@ class Upstream:
             return response
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def websocket(
+    async def open_upgrade(
         self,
+        method: str,
         path_qs: str,
         *,
-        protocols: list[str],
         headers: CIMultiDict[str],
         forwarded_auth: str | None = None,
-    ) -> aiohttp.ClientWebSocketResponse:
-        """Open a WebSocket to the apiserver (exec, attach, port-forward) as the proxy.
-
-        Raises aiohttp.WSServerHandshakeError when the apiserver refuses the upgrade.
-        """
-        assert self._session is not None, "Upstream.start() was not called"
+    ) -> UpgradeAnswer:
+        """Send an upgrade request (exec, attach, port-forward) as the proxy and read the
+        answer's head: a 101 with its byte stream open, or the apiserver's refusal.
+        ``headers`` carry the client's Connection/Upgrade and protocol headers."""
         if self.connectivity is not None and self.connectivity.down:
             raise self._unavailable()
         if forwarded_auth is None:
@@ -270,26 +269,34 @@ class Upstream:
         send_headers = self._with_credential(headers, forwarded_auth)
         try:
             async with self.limiter.slot(max_wait=self.max_wait):
-                ws = await self._session.ws_connect(
-                    URL(self.target.server + path_qs, encoded=True),
-                    protocols=protocols,
-                    headers=send_headers,
-                    max_msg_size=0,
-                    timeout=aiohttp.ClientWSTimeout(ws_close=10.0),
-                    ssl=self.target.ssl_context or True,
+                self.metrics.upstream_connection_attempts.inc()
+                answer = await open_upgrade(
+                    self.target.server,
+                    self.target.ssl_context,
+                    method,
+                    path_qs,
+                    send_headers,
+                    connect_timeout=self.config.connect_timeout_seconds,
+                    answer_timeout=self.config.request_timeout_seconds,
                 )
-        except aiohttp.WSServerHandshakeError as refused:
-            self._answered()
-            self.metrics.upstream_requests.labels("connect", str(refused.status)).inc()
-            raise
-        except UpstreamDown:
-            raise self._unavailable() from None
-        except (aiohttp.ClientError, OSError) as exc:
+        except DialFailed as failed:
+            self.metrics.upstream_errors.labels("connect").inc()
+            self._dial_failed(failed.cause)
+            raise UpstreamUnavailable(
+                f"the apiserver did not answer: {describe(failed.cause)}", retry_after=RETRY_AFTER
+            ) from None
+        except TimeoutError:
+            self._suspect(f"{method} upgrade timed out")
+            self.metrics.upstream_errors.labels("timeout").inc()
+            raise UpstreamTimeout(
+                f"the apiserver did not answer {method} {path_qs} in time"
+            ) from None
+        except (BadAnswer, OSError) as exc:
             self.metrics.upstream_errors.labels("connect").inc()
             raise self._failed(exc) from None
         self._answered()
-        self.metrics.upstream_requests.labels("connect", "101").inc()
-        return ws
+        self.metrics.upstream_requests.labels("connect", str(answer.status)).inc()
+        return answer
 
     async def probe(self) -> bool:
         """One reachability check (used by the connectivity prober only); raises ProbeFailed

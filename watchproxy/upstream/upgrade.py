@@ -1,0 +1,170 @@
+"""Protocol upgrades (exec, attach, port-forward) opened to the apiserver as raw byte streams.
+
+aiohttp's client speaks WebSocket only, and parses whatever follows a 101 it does not know
+(``Upgrade: SPDY/3.1``) as the next HTTP response. Once the apiserver answers 101, an upgrade
+is a byte pipe whatever the protocol, so watchproxy opens its own connection with the upstream's
+TLS context, writes the request head itself and reads the answer's head. A 101 hands the open
+stream (and any bytes that came with the head) to the relay; any other answer is read whole,
+bounded, so that the client gets the apiserver's own status and Status body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+from dataclasses import dataclass
+
+from multidict import CIMultiDict
+from yarl import URL
+
+MAX_HEAD_BYTES = 65536
+# A refusal is a Status of a few hundred bytes; a bigger body is cut, never buffered unbounded.
+MAX_REFUSAL_BYTES = 1 << 20
+# How long a closed upstream stream may take over its TLS shutdown before it is aborted.
+CLOSE_WAIT_SECONDS = 2.0
+
+
+class DialFailed(Exception):
+    """No connection to the apiserver (refused, unreachable, TLS handshake failed)."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+class BadAnswer(Exception):
+    """The apiserver's answer to an upgrade is not HTTP/1.1."""
+
+
+@dataclass
+class UpgradeAnswer:
+    """The apiserver's answer: 101 with the stream open, or a refusal with its body read."""
+
+    status: int
+    headers: CIMultiDict[str]
+    body: bytes
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+
+    @property
+    def switched(self) -> bool:
+        return self.status == 101
+
+    async def close(self) -> None:
+        """Close the upstream stream (its one owner calls this once)."""
+        self.writer.close()
+        try:
+            async with asyncio.timeout(CLOSE_WAIT_SECONDS):
+                await self.writer.wait_closed()
+        except (TimeoutError, OSError, ssl.SSLError):
+            # The peer never finished the TLS shutdown: nothing more can arrive; drop it.
+            self.writer.transport.abort()
+
+
+def _keep_alive(writer: asyncio.StreamWriter) -> None:
+    """An exec session may be silent for hours, so silence cannot mean a dead apiserver; TCP
+    keepalive probes find a peer that vanished (half-open) within about a minute instead."""
+    sock = writer.get_extra_info("socket")
+    if sock is None:
+        return
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for option, value in (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3)):
+        if hasattr(socket, option):  # Linux; other systems keep their defaults
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+
+
+def encode_request_head(method: str, target: str, host: str, headers: CIMultiDict[str]) -> bytes:
+    lines = [f"{method} {target} HTTP/1.1", f"Host: {host}"]
+    for name, value in headers.items():
+        if "\r" in value or "\n" in value:
+            raise ValueError(f"header {name} holds a line break")
+        lines.append(f"{name}: {value}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+def parse_response_head(head: bytes) -> tuple[int, CIMultiDict[str]]:
+    """The status code and headers of an HTTP/1.1 response head (ending in a blank line)."""
+    try:
+        text = head.decode("latin-1")
+        status_line, *header_lines = text.rstrip("\r\n").split("\r\n")
+        version, code, *_ = status_line.split(" ", 2)
+        if not version.startswith("HTTP/1.") or len(code) != 3 or not code.isdigit():
+            raise BadAnswer(f"not an HTTP/1.1 status line: {status_line[:80]!r}")
+        headers: CIMultiDict[str] = CIMultiDict()
+        for line in header_lines:
+            name, sep, value = line.partition(":")
+            if not sep or not name or name != name.strip():
+                raise BadAnswer(f"malformed header line: {line[:80]!r}")
+            headers.add(name, value.strip())
+    except ValueError as exc:
+        raise BadAnswer(f"malformed response head: {exc}") from None
+    return int(code), headers
+
+
+async def read_refusal_body(reader: asyncio.StreamReader, headers: CIMultiDict[str]) -> bytes:
+    """The body of a non-101 answer, by its Content-Length, chunks, or up to the close."""
+    if "chunked" in headers.get("Transfer-Encoding", "").lower():
+        body = bytearray()
+        while len(body) <= MAX_REFUSAL_BYTES:
+            size_line = await reader.readuntil(b"\r\n")
+            size = int(size_line.split(b";", 1)[0].strip() or b"0", 16)
+            if size == 0:
+                break
+            body += await reader.readexactly(size)
+            await reader.readexactly(2)
+        return bytes(body[:MAX_REFUSAL_BYTES])
+    length = headers.get("Content-Length")
+    if length is not None and length.isdigit():
+        return await reader.readexactly(min(int(length), MAX_REFUSAL_BYTES))
+    return await reader.read(MAX_REFUSAL_BYTES)
+
+
+async def open_upgrade(
+    server: str,
+    ssl_context: ssl.SSLContext | None,
+    method: str,
+    target: str,
+    headers: CIMultiDict[str],
+    *,
+    connect_timeout: float,
+    answer_timeout: float,
+) -> UpgradeAnswer:
+    """Send an upgrade request to ``server`` and read the head of its answer.
+
+    Raises DialFailed when no connection can be made, TimeoutError when the head does not come
+    in time, BadAnswer or OSError when the answer breaks off.
+    """
+    url = URL(server)
+    secure = url.scheme == "https"
+    context = (ssl_context or ssl.create_default_context()) if secure else None
+    assert url.host is not None and url.port is not None
+    try:
+        async with asyncio.timeout(connect_timeout):
+            reader, writer = await asyncio.open_connection(
+                url.host, url.port, ssl=context, limit=MAX_HEAD_BYTES
+            )
+    except (OSError, ssl.SSLError, TimeoutError) as exc:
+        raise DialFailed(exc) from None
+    _keep_alive(writer)
+    try:
+        host = url.raw_authority.rpartition("@")[2]
+        writer.write(encode_request_head(method, target, host, headers))
+        async with asyncio.timeout(answer_timeout):
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except asyncio.LimitOverrunError:
+                raise BadAnswer(f"response head longer than {MAX_HEAD_BYTES} bytes") from None
+            except asyncio.IncompleteReadError:
+                raise BadAnswer("the apiserver closed the connection before answering") from None
+            status, answer_headers = parse_response_head(head)
+            body = b""
+            if status != 101:
+                try:
+                    body = await read_refusal_body(reader, answer_headers)
+                except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError):
+                    raise BadAnswer("the apiserver's answer broke off") from None
+    except BaseException:
+        writer.transport.abort()
+        raise
+    return UpgradeAnswer(status, answer_headers, body, reader, writer)
