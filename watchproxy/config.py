@@ -105,6 +105,10 @@ class HubConfig:
     # Bytes of current state (the cached objects) all shared watches may hold together (0: no
     # bound); a key whose first LIST would go past it is passed through unshared.
     cache_max_bytes: int = 512 * 1024 * 1024
+    # A LIST without a resourceVersion that a live shared watch covers is answered from it
+    # once the watch has caught up with the apiserver's current revision, if it does within
+    # this long (0: always from the apiserver).
+    consistent_list_wait_seconds: float = 0.5
     linger_seconds: float = 30.0
     max_subscriber_lag: int = 5000
     slow_subscriber_timeout_seconds: float = 30.0
@@ -409,6 +413,8 @@ def _check(config: Config, where: str) -> None:
     for name in ("history_max_bytes", "history_max_bytes_per_key", "cache_max_bytes"):
         if getattr(h, name) < 0:
             raise ConfigError(f"{where}: hub.{name}: must be >= 0 (0: no bound)")
+    if h.consistent_list_wait_seconds < 0:
+        raise ConfigError(f"{where}: hub.consistent_list_wait_seconds: must be >= 0 (0: never)")
     if h.client_watch_max_seconds < h.client_watch_min_seconds:
         raise ConfigError(f"{where}: hub.client_watch_max_seconds: must be >= the min")
     if h.upstream_watch_max_seconds < h.upstream_watch_min_seconds:
