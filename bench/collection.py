@@ -122,7 +122,9 @@ async def read_initial(session: aiohttp.ClientSession, base: str, pods: int) -> 
 
 
 async def measure(kind: str, kubeconfig: str, pods: int, syncs: int) -> dict[str, Any]:
-    process, base = await start_target(kind, kubeconfig)
+    # Ready when a one-item LIST answers: a whole one would pass 24 MB through the target
+    # before its "RSS before" is read.
+    process, base = await start_target(kind, kubeconfig, ready_path=PODS + "?limit=1")
     try:
         before = rss_bytes(process.pid)
         timeout = aiohttp.ClientTimeout(total=600)

@@ -88,7 +88,10 @@ async def list_forever(session: aiohttp.ClientSession, base: str, stop: asyncio.
     return count
 
 
-async def start_target(kind: str, kubeconfig: str) -> tuple[asyncio.subprocess.Process, str]:
+async def start_target(
+    kind: str, kubeconfig: str, *, ready_path: str = PODS
+) -> tuple[asyncio.subprocess.Process, str]:
+    """Start watchproxy or kubectl proxy; ready once ``ready_path`` answers 200 through it."""
     port = free_port()
     if kind == "watchproxy":
         args = [
@@ -106,7 +109,7 @@ async def start_target(kind: str, kubeconfig: str) -> tuple[asyncio.subprocess.P
     async with aiohttp.ClientSession() as session:
         while True:
             try:
-                async with session.get(f"{base}{PODS}") as response:
+                async with session.get(f"{base}{ready_path}") as response:
                     if response.status == 200:
                         return process, base
             except aiohttp.ClientError:

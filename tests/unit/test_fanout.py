@@ -6,6 +6,7 @@ The sink is a fake of the port (``WatchSink``); the fan-out and the cache are th
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 from watchproxy.hub.fanout import Fanout, LiveCursor
@@ -27,6 +28,9 @@ class Sink:
 
     def frame(self, data: bytes) -> bytes:
         return data
+
+    def send_lines(self, lines: Sequence[bytes], size: int) -> bool:
+        return self.send_framed(self.frame(b"".join(lines)))
 
     def send_framed(self, framed: bytes) -> bool:
         self.sent.append(framed)

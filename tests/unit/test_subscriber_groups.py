@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+from collections.abc import Sequence
 from typing import Any
 
 from watchproxy.config import HubConfig
@@ -59,6 +60,9 @@ class GatedSink:
 
     def frame(self, data: bytes) -> bytes:
         return data
+
+    def send_lines(self, lines: Sequence[bytes], size: int) -> bool:
+        return self.send_framed(self.frame(b"".join(lines)))
 
     def send_framed(self, framed: bytes) -> bool:
         self.lines += [json.loads(line) for line in framed.splitlines()]

@@ -3,6 +3,7 @@ plans, resourceVersions as integers, and its errors. Pure data, no logic beyond 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,7 +77,7 @@ class StartPlan:
     ``resource_version >= wait_rv`` (or time out as the apiserver does).
     """
 
-    initial: list[bytes]
+    initial: Sequence[bytes]  # shared with other subscribers: read-only
     next_seq: int
     outside_window: bool = False
     expired: bool = False

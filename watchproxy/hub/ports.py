@@ -14,7 +14,7 @@ has gone.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from typing import Protocol
 
 
@@ -91,6 +91,11 @@ class WatchSink(Protocol):
         False when the client has gone or its write buffer is over the high-water mark after
         this write: write nothing more until :meth:`drain` returns.
         """
+        ...
+
+    def send_lines(self, lines: Sequence[bytes], size: int) -> bool:
+        """Queue ``lines`` (``size`` bytes together) as one chunk, without joining them: the
+        transport keeps references to the shared lines. Returns as :meth:`send_framed`."""
         ...
 
     async def drain(self) -> None:

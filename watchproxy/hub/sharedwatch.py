@@ -261,27 +261,30 @@ class SharedWatch:
         while True:
             self._took(step)
             action = step.action
-            outcome: Outcome
-            if isinstance(action, OpenList):
-                outcome = await self.fetcher.list(action)
-            elif isinstance(action, OpenWatch):
+            if isinstance(action, OpenWatch):
                 step = await self.fetcher.watch(action)
-                continue
-            elif isinstance(action, Sleep):
-                delay = max(0.0, action.until - self.clock())
-                self.metrics.backoff_delay.set(delay)
-                await asyncio.sleep(delay)
-                self.metrics.backoff_seconds.inc(delay)
-                outcome = Elapsed(down=self.health.down)
-            elif isinstance(action, WaitForUpstream):
-                await self.health.wait_up()
-                outcome = UpstreamBack()
             elif isinstance(action, Fail):
                 self._fail(action.refusal, of_list=action.of_list)
                 return
+            elif isinstance(action, OpenList | Sleep | WaitForUpstream):
+                # No local keeps the outcome: a Listed one holds the whole list's objects
+                # (1 MB of references and sizes for 10,000 pods), which would then live on
+                # for as long as the watch that follows.
+                step = self.machine.handle(await self._outcome(action))
             else:  # Halt
                 return
-            step = self.machine.handle(outcome)
+
+    async def _outcome(self, action: OpenList | Sleep | WaitForUpstream) -> Outcome:
+        if isinstance(action, OpenList):
+            return await self.fetcher.list(action)
+        if isinstance(action, Sleep):
+            delay = max(0.0, action.until - self.clock())
+            self.metrics.backoff_delay.set(delay)
+            await asyncio.sleep(delay)
+            self.metrics.backoff_seconds.inc(delay)
+            return Elapsed(down=self.health.down)
+        await self.health.wait_up()
+        return UpstreamBack()
 
     def _took(self, step: Step) -> None:
         """Bookkeeping for every step the machine takes: wake, log, count."""

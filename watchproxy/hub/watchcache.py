@@ -306,9 +306,9 @@ class WatchCache:
                     return StartPlan(
                         initial=[], next_seq=self._ring.next_seq, min_rv=wanted, wait_rv=wanted
                     )
-            initial = self._initial_lines()
+            initial = self._state.added_lines()
             if send_initial_events:
-                initial.append(self.bookmark_line(initial_events_end=True))
+                initial = [*initial, self.bookmark_line(initial_events_end=True)]
             # During a backfill the history below the state's RV is already in ``initial``.
             skip = self._rv if self.backfilling else -1
             return StartPlan(
@@ -401,9 +401,6 @@ class WatchCache:
 
     def _set_rv(self, rv: int, rv_str: str) -> None:
         self._rv, self._rv_str = rv, rv_str
-
-    def _initial_lines(self) -> list[bytes]:
-        return self._state.added_lines()
 
     def _append(
         self, event_type: str, rv: int, key: str, obj: Obj, now: float, *, relist: bool

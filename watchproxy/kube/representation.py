@@ -329,10 +329,14 @@ class JsonRepresentation(Representation):
         # large collection (bench.collection), and the apiserver's bytes are kept as sent.
         # Items are yielded as they are parsed, so a page is never held as parsed objects.
         page = ListPage(iter(()))
-        page.items = self._page_lines(body.decode("utf-8"), page)
+        page.items = self._page_lines(body, page)
         return page
 
-    def _page_lines(self, text: str, page: ListPage) -> Iterator[tuple[Obj, bytes]]:
+    def _page_lines(self, body: bytes, page: ListPage) -> Iterator[tuple[Obj, bytes]]:
+        text = body.decode("utf-8")
+        # ASCII (nearly every page): a character offset is a byte offset, so each line is
+        # one join of the page's own bytes, with no slice, encode or concatenation between.
+        source: str | memoryview = memoryview(body) if body.isascii() else text
         document: Obj = {}
         typing: _Typing | None = None
         pending: list[tuple[Obj, int, int]] = []  # items before the list's kind: typed last
@@ -344,11 +348,11 @@ class JsonRepresentation(Representation):
             else:
                 if typing is None:
                     typing = self._typed_prefix(document)
-                yield self._item_line(text, value, start, end, typing)
+                yield self._item_line(source, value, start, end, typing)
         if pending:
             typing = self._typed_prefix(document)
             for value, start, end in pending:
-                yield self._item_line(text, value, start, end, typing)
+                yield self._item_line(source, value, start, end, typing)
         document["items"] = []
         _, page.rv = self.list_items(document)  # learns the kind, checks the RV
         metadata = document.get("metadata") or {}
@@ -366,7 +370,7 @@ class JsonRepresentation(Representation):
 
     def _item_line(
         self,
-        text: str,
+        source: str | memoryview,
         raw: Obj,
         start: int,
         end: int,
@@ -376,7 +380,9 @@ class JsonRepresentation(Representation):
         obj = typed(raw, api_version, kind)
         if not prefix or "kind" in raw or "apiVersion" in raw or not raw:
             return obj, self.encode_event("ADDED", obj)
-        return obj, prefix + text[start + 1 : end].encode() + b"}\n"
+        if isinstance(source, memoryview):
+            return obj, b"".join((prefix, source[start + 1 : end], b"}\n"))
+        return obj, prefix + source[start + 1 : end].encode() + b"}\n"
 
     def keep(self, event_type: str, obj: Obj, line: bytes) -> Any:
         if event_type == "ADDED":

@@ -7,6 +7,8 @@ turns what the hub answers into aiohttp responses. The hub itself never sees aio
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
 
@@ -45,6 +47,13 @@ class ResponseSink:
         if transport is None or transport.is_closing():
             return False
         transport.write(framed)
+        return transport.get_write_buffer_size() <= self._high
+
+    def send_lines(self, lines: Sequence[bytes], size: int) -> bool:
+        transport = self._request.transport
+        if transport is None or transport.is_closing():
+            return False
+        transport.writelines([b"%x\r\n" % size, *lines, b"\r\n"])
         return transport.get_write_buffer_size() <= self._high
 
     async def drain(self) -> None:
