@@ -1,14 +1,16 @@
 """Many clients listing one large collection every second: what reaches the apiserver?
 
-    .venv/bin/python -m bench.lists [--clients 100] [--pods 10000] [--seconds 10]
+    .venv/bin/python -m bench.lists [--clients 100] [--pods 10000] [--seconds 10] [--writes 5]
 
-The fake apiserver (in this process) holds ``--pods`` pods (bench.collection's shape). watchproxy
-runs as its own process, once with LIST batching (``limits.list_batch_max_bytes``, the default)
-and once without (0). Each client lists the pods (no resourceVersion: a consistent read) once a
-second at its own phase for ``--seconds``. Reported per run: client LISTs answered, upstream
-LISTs the fake served, upstream LIST bytes (the LIST's body size times their count), and the
-clients' p50/p99 latency of the 200s (watchproxy's upstream rate limit, ``ratelimit.qps``,
-answers 429 to what it cannot send in time).
+The fake apiserver (in this process) holds ``--pods`` pods (bench.collection's shape); one pod's
+labels change ``--writes`` times a second, and one client watches the pods through watchproxy
+(so the key has a shared watch), in every run. watchproxy runs as its own process three times:
+without LIST batching (``limits.list_batch_max_bytes`` 0, ``hub.consistent_list_wait_seconds``
+0), with batching, and with batching and consistent LISTs from the hub (both defaults). Each
+client lists the pods (no resourceVersion: a consistent read) once a second at its own phase for
+``--seconds``. Reported per run: client LISTs answered, full upstream LISTs and one-item probes
+the fake served, upstream LIST bytes, and the clients' p50/p99 latency of the 200s (watchproxy's
+upstream rate limit, ``ratelimit.qps``, answers 429 to what it cannot send in time).
 """
 
 from __future__ import annotations
@@ -49,12 +51,40 @@ async def client(
         await asyncio.sleep(max(0.0, 1.0 - (time.monotonic() - started)))
 
 
+async def watch_and_write(
+    fake: FakeApiServer, session: aiohttp.ClientSession, base: str, writes: float
+) -> None:
+    """One client watch through watchproxy, and one pod relabelled ``writes`` times a second."""
+
+    async def write() -> None:
+        for n in range(10_000_000):
+            fake.store.patch_labels(
+                "pods", "default", realistic_pod(0)["metadata"]["name"], {"bench": str(n)}
+            )
+            await asyncio.sleep(1.0 / writes)
+
+    url = base + PODS + "?watch=1&allowWatchBookmarks=true"
+    async with session.get(url) as response, asyncio.TaskGroup() as group:
+        group.create_task(write())
+        async for _ in response.content.iter_any():
+            pass
+
+
+RUNS = {"unbatched": (0, 0.0), "batched": (64 * 2**20, 0.0), "hub": (64 * 2**20, 0.5)}
+
+
 async def run_once(
-    fake: FakeApiServer, kubeconfig: str, clients: int, seconds: float, batch: bool
+    fake: FakeApiServer, kubeconfig: str, clients: int, seconds: float, writes: float, name: str
 ) -> dict[str, Any]:
-    os.environ["WATCHPROXY_LIMITS_LIST_BATCH_MAX_BYTES"] = str(64 * 2**20 if batch else 0)
+    batch_bytes, wait = RUNS[name]
+    os.environ["WATCHPROXY_LIMITS_LIST_BATCH_MAX_BYTES"] = str(batch_bytes)
+    os.environ["WATCHPROXY_HUB_CONSISTENT_LIST_WAIT_SECONDS"] = str(wait)
     process, base = await start_target("watchproxy", kubeconfig)
+    background: asyncio.Task[None] | None = None
     try:
+        watcher = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
+        background = asyncio.create_task(watch_and_write(fake, watcher, base, writes))
+        await asyncio.sleep(1.0)  # the shared watch is synced and the collection moving
         fake.stats.reset()
         latencies: list[float] = []
         statuses: dict[int, int] = {}
@@ -71,29 +101,38 @@ async def run_once(
             )
         upstream = [r for r in fake.stats.requests if r.path == PODS and not r.watch]
     finally:
+        if background is not None:
+            background.cancel()
+            await asyncio.gather(background, return_exceptions=True)
+            await watcher.close()
         process.terminate()
         await process.wait()
     latencies.sort()
+    probes = [r for r in upstream if r.query_string == "limit=1"]
     return {
         "client_answers": statuses,
-        "upstream_lists": len(upstream),
+        "upstream_lists": len(upstream) - len(probes),
+        "upstream_probes": len(probes),
         "p50_ms": round(latencies[len(latencies) // 2] * 1000, 1),
         "p99_ms": round(latencies[int(len(latencies) * 0.99)] * 1000, 1),
     }
 
 
-async def run(clients: int, pods: int, seconds: float) -> dict[str, Any]:
+async def run(clients: int, pods: int, seconds: float, writes: float) -> dict[str, Any]:
     async with FakeApiServer() as fake:
         for i in range(pods):
             fake.store.create("pods", "default", realistic_pod(i))
         body = fake.store.list("pods", "default")
         list_bytes = len(json.dumps({"items": body}, separators=(",", ":")))
         kubeconfig = fake.write_kubeconfig(os.path.join(tempfile.mkdtemp(), "kubeconfig"))
+        probe_bytes = len(json.dumps({"items": body[:1]}, separators=(",", ":")))
         result: dict[str, Any] = {"clients": clients, "pods": pods, "list_bytes": list_bytes}
-        for batch in (False, True):
-            figures = await run_once(fake, kubeconfig, clients, seconds, batch)
-            figures["upstream_list_bytes"] = figures["upstream_lists"] * list_bytes
-            result["batched" if batch else "unbatched"] = figures
+        for name in RUNS:
+            figures = await run_once(fake, kubeconfig, clients, seconds, writes, name)
+            figures["upstream_list_bytes"] = (
+                figures["upstream_lists"] * list_bytes + figures["upstream_probes"] * probe_bytes
+            )
+            result[name] = figures
         result["loadavg"] = os.getloadavg()[0]
         return result
 
@@ -103,8 +142,10 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=100)
     parser.add_argument("--pods", type=int, default=10_000)
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--writes", type=float, default=5.0, help="pod updates per second")
     args = parser.parse_args()
-    print(json.dumps(asyncio.run(run(args.clients, args.pods, args.seconds)), indent=2))
+    result = asyncio.run(run(args.clients, args.pods, args.seconds, args.writes))
+    print(json.dumps(result, indent=2))
     return 0
 
 

@@ -44,6 +44,7 @@ class Faults:
         self._throttle: float | None = None
         self._fail: list[tuple[int, float | None]] = []
         self.hang: bool = False
+        self.watch_delay = 0.0
         self._garbage = 0
         self._list_gate: asyncio.Event | None = None
         self.lists_held = 0
@@ -152,6 +153,10 @@ class Faults:
     def cut_watches(self) -> int:
         """Abort every open watch stream mid-stream (no final chunk); returns how many."""
         return self._listener.cut_streams(watches_only=True)
+
+    def delay_watch_events(self, seconds: float) -> None:
+        """Every watch writes each event this long after it took it (a watch that lags)."""
+        self.watch_delay = seconds
 
     def hang_watches(self, hang: bool) -> None:
         """While set, new watch responses send their headers and then nothing at all."""

@@ -254,4 +254,6 @@ async def _stream_events(
         assert isinstance(item, Change)
         event = filter_change(item, flt)
         if event is not None:
+            if ctx.faults.watch_delay:
+                await asyncio.sleep(ctx.faults.watch_delay)  # a lagging watch cache
             await write(encoder.encode(*event))

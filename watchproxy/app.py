@@ -23,6 +23,7 @@ from watchproxy.policy.clientlimits import ClientRateLimiter, ErroredWatchLimite
 from watchproxy.policy.ratelimit import UpstreamLimiter
 from watchproxy.server.admin import build_admin_app
 from watchproxy.server.api import ApiHandler, build_api_app
+from watchproxy.server.consistentlist import ConsistentLists
 from watchproxy.server.listbatch import ListBatcher
 from watchproxy.server.listener import ConnectionGuard, status_server_factory
 from watchproxy.server.passthrough import Forwarder
@@ -125,6 +126,14 @@ class Proxy:
                 max_watches=config.limits.max_watches,
                 rng=self.rng,
             )
+        self.consistent_lists: ConsistentLists | None = None
+        if self.hub is not None and config.hub.consistent_list_wait_seconds > 0:
+            self.consistent_lists = ConsistentLists(
+                self.hub,
+                self.forwarder,
+                wait_seconds=config.hub.consistent_list_wait_seconds,
+                metrics=self.metrics,
+            )
         self._handler: ApiHandler | None = None
         self.api_port = 0
         self.admin_port = 0
@@ -185,6 +194,7 @@ class Proxy:
             ),
             forwarder=self.forwarder,
             list_batcher=self.list_batcher,
+            consistent_lists=self.consistent_lists,
             metrics=self.metrics,
             policy=AccessPolicy(
                 self.config.security.rules,
@@ -269,6 +279,8 @@ class Proxy:
             self.forwarder.close_streams()
             if self.list_batcher is not None:
                 await self.list_batcher.close()
+            if self.consistent_lists is not None:
+                await self.consistent_lists.close()
             # The API runner waits for the handlers still finishing (half the grace), then
             # cancels them and closes every connection.
             for runner in self._runners[:1]:

@@ -307,6 +307,21 @@ class Metrics:
             "watchproxy_list_batches",
             "Upstream LISTs sent for batches of identical LIST requests (see lists_batched).",
         )
+        self.consistent_lists = add(
+            Counter,
+            "watchproxy_consistent_lists",
+            "LIST requests without a resourceVersion that a live shared watch covers, by "
+            "outcome: hub (answered from it once current), quiet (its state had not moved "
+            "lately: sent upstream at once), behind (it did not catch up in time), "
+            "probe-failed (the apiserver's current revision could not be read).",
+            ["outcome"],
+        )
+        self.freshness_probes = add(
+            Counter,
+            "watchproxy_freshness_probes",
+            "Upstream LISTs with limit=1 sent to read the apiserver's current revision for "
+            "consistent LISTs (shared by the requests waiting at the same time).",
+        )
         self.lists_from_cache = add(
             Counter,
             "watchproxy_lists_from_cache",
@@ -375,20 +390,7 @@ class Metrics:
         return generate_latest(self.registry)
 
 
-def markdown_table(metrics: Metrics | None = None) -> str:
-    """The table of docs/metrics.md: every metric of a fresh registry, in registration order."""
-    metrics = metrics or Metrics()
-    rows = ["| metric | type | labels | meaning |", "| --- | --- | --- | --- |"]
-    for doc in metrics.catalog:
-        labels = ", ".join(f"`{label}`" for label in doc.labels)
-        rows.append(f"| `{doc.name}` | {doc.type} | {labels} | {doc.help} |")
-    own = {doc.name for doc in metrics.catalog}
-    for family in metrics.registry.collect():
-        if family.name.startswith("process_") and family.name not in own:
-            name = family.name + ("_total" if family.type == "counter" else "")
-            rows.append(f"| `{name}` | {family.type} |  | {family.documentation} |")
-    return "\n".join(rows) + "\n"
-
-
 if __name__ == "__main__":
+    from watchproxy.metricsdoc import markdown_table
+
     print(markdown_table(), end="")

@@ -274,6 +274,8 @@ ROWS: list[Row] = [
     Row("pretty-maybe", P + "?pretty=maybe", 200),
     Row("include-object-bogus", P + "?includeObject=Bogus", 200),
     Row("timeout-bad-duration", P + "?timeout=abc", 400),
+    Row("rv0-timeout-bad-duration", P + "?resourceVersion=0&timeout=abc", 400),
+    Row("timeout-good-duration", P + "?timeout=1m30s", 200),
     Row("watch-timeout-bad-duration", W + "&timeout=abc", 200, stream=True),
     # --- list options are read only where the apiserver reads them ----------------------
     Row("named-get-watch", CM + "/cm1?watch=1", 200),

@@ -107,6 +107,8 @@ def _check(config: Config, where: str) -> None:
     for name in ("history_max_bytes", "history_max_bytes_per_key", "cache_max_bytes"):
         if getattr(h, name) < 0:
             raise ConfigError(f"{where}: hub.{name}: must be >= 0 (0: no bound)")
+    if h.consistent_list_wait_seconds < 0:
+        raise ConfigError(f"{where}: hub.consistent_list_wait_seconds: must be >= 0 (0: never)")
     if h.client_watch_max_seconds < h.client_watch_min_seconds:
         raise ConfigError(f"{where}: hub.client_watch_max_seconds: must be >= the min")
     if h.upstream_watch_max_seconds < h.upstream_watch_min_seconds:

@@ -75,6 +75,10 @@ class HubConfig:
     # Bytes of current state (the cached objects) all shared watches may hold together (0: no
     # bound); a key whose first LIST would go past it is passed through unshared.
     cache_max_bytes: int = 512 * 1024 * 1024
+    # A LIST without a resourceVersion that a live shared watch covers is answered from it
+    # once the watch has caught up with the apiserver's current revision, if it does within
+    # this long (0: always from the apiserver).
+    consistent_list_wait_seconds: float = 0.5
     linger_seconds: float = 30.0
     max_subscriber_lag: int = 5000
     slow_subscriber_timeout_seconds: float = 30.0

@@ -36,7 +36,7 @@ from watchproxy.hub.watchkey import Unservable, WatchKey, identity_of, watch_key
 from watchproxy.kube.apipath import ApiPath
 from watchproxy.kube.headers import forwarded_credential
 from watchproxy.kube.representation import Representation
-from watchproxy.kube.watchquery import WatchQuery
+from watchproxy.kube.watchquery import WatchQuery, is_go_duration
 from watchproxy.metrics import Metrics
 from watchproxy.policy.backoff import BackoffPolicy
 
@@ -301,6 +301,8 @@ class Hub:
         """
         if query.resource_version != "0" or query.continue_token:
             return None
+        if query.timeout is not None and not is_go_duration(query.timeout):
+            return None  # the apiserver's 400 for a request deadline it cannot parse
         _auth, found = self._key(headers, api_path, query)
         if isinstance(found, Unservable):
             return None
@@ -310,6 +312,25 @@ class Hub:
         body = shared.cache.list_response()
         self.metrics.lists_from_cache.inc()
         return body, shared.representation.content_type
+
+    def covering_watch(
+        self, api_path: ApiPath, query: WatchQuery, headers: Headers
+    ) -> SharedWatch | None:
+        """The synced shared watch holding exactly what a consistent LIST asks for, if its
+        answer fits in one page (the hub has no snapshots to continue a list from)."""
+        if query.resource_version or query.continue_token or query.resource_version_match:
+            return None
+        if query.timeout is not None and not is_go_duration(query.timeout):
+            return None  # the apiserver's 400 for a request deadline it cannot parse
+        _auth, found = self._key(headers, api_path, query)
+        if isinstance(found, Unservable):
+            return None
+        shared = self.watches.get(found[0])
+        if shared is None or shared.closed or not shared.cache.synced:
+            return None
+        if query.limit and len(shared.cache) > query.limit:
+            return None
+        return shared
 
     async def _plan(self, shared: SharedWatch, query: WatchQuery) -> StartPlan:
         """The client's start point; for an RV newer than the cache, wait for it (bounded)."""

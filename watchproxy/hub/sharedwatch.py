@@ -137,6 +137,9 @@ class SharedWatch:
         self.failure: UpstreamRefused | None = None
         self.upstream_attempts = 0
         self._waiters: set[asyncio.Future[None]] = set()
+        # When the state's resourceVersion last moved (an event or a bookmark), by self.clock.
+        self.advanced_at: float | None = None
+        self._advanced_rv: int | None = None
         self._synced = asyncio.Event()
         self._watch_accepted = False
         self._task: asyncio.Task[None] | None = None
@@ -162,6 +165,10 @@ class SharedWatch:
             self._waiters.discard(waiter)
 
     def _notify(self) -> None:
+        rv = self.cache.resource_version
+        if rv != self._advanced_rv:
+            self._advanced_rv = rv
+            self.advanced_at = self.clock()
         self.fanout.schedule()
         waiters, self._waiters = self._waiters, set()
         for waiter in waiters:

@@ -49,6 +49,15 @@ KNOWN_PARAMETERS: frozenset[str] = frozenset(
 )
 
 
+# Go's time.ParseDuration: "0", or a sequence of decimal numbers each with a unit.
+_GO_DURATION = re.compile(r"[-+]?(0|((\d+\.?\d*|\.\d+)(ns|us|\u00b5s|\u03bcs|ms|s|m|h))+)")
+
+
+def is_go_duration(value: str) -> bool:
+    """Whether the apiserver accepts ``value`` as a request ``timeout`` (a Go duration)."""
+    return _GO_DURATION.fullmatch(value) is not None
+
+
 class InvalidListOptions(BadRequest):
     """Options that decode but break the apiserver's ListOptions rules: its ``422 Invalid``.
 

@@ -30,6 +30,7 @@ from watchproxy.policy.access import (
 )
 from watchproxy.policy.clientlimits import ErroredWatchLimiter
 from watchproxy.policy.fairqueue import flow
+from watchproxy.server.consistentlist import ConsistentLists
 from watchproxy.server.listbatch import ListBatcher
 from watchproxy.server.listener import ConnectionGuard
 from watchproxy.server.passthrough import Forwarder
@@ -134,10 +135,12 @@ class ApiHandler:
         guard: ConnectionGuard | None = None,
         relay: UpgradeRelay | None = None,
         list_batcher: ListBatcher | None = None,
+        consistent_lists: ConsistentLists | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.guard = guard
         self.list_batcher = list_batcher
+        self.consistent_lists = consistent_lists
         self.relay = relay
         self.forwarder = forwarder
         self.metrics = metrics
@@ -284,6 +287,8 @@ class ApiHandler:
         hub = None if impersonates(request.headers) else self.hub
         if verb == "list" and hub is not None and query is not None:
             cached = hub.serve_list(request, api_path, query)
+            if cached is None and self.consistent_lists is not None and request.method == "GET":
+                cached = await self.consistent_lists.serve(request, api_path, query)
             if cached is not None:
                 return verb, cached
         # A negative timeoutSeconds is valid and ends the watch at once: the apiserver's call.

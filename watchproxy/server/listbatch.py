@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
+from prometheus_client import Counter
 
 from watchproxy.errors import ProxyError, UpstreamUnavailable
 from watchproxy.kube.headers import response_headers
@@ -54,6 +55,7 @@ class Batch:
     headers: CIMultiDict[str]
     forwarded_auth: str | None
     answer: asyncio.Future[Answer | ProxyError | None]
+    counted_in: Counter | None  # the metric that counts this batch's upstream request
 
 
 @dataclass(slots=True)
@@ -83,23 +85,8 @@ class ListBatcher:
     async def serve(self, request: web.Request) -> web.Response | None:
         """The answer of this request's batch; None: pass it through on its own."""
         headers, auth = self.forwarder.outgoing(request)
-        key: Key = (
-            request.raw_path,
-            tuple(
-                sorted((k.lower(), v) for k, v in headers.items() if k.lower() not in _NOT_IN_KEY)
-            ),
-            auth,
-        )
-        state = self._keys.setdefault(key, _KeyState())
-        batch = state.waiting
-        if batch is None:
-            loop = asyncio.get_running_loop()
-            batch = Batch(request.raw_path, headers, auth, loop.create_future())
-            if state.in_flight is None:
-                self._send(key, state, batch)
-            else:
-                state.waiting = batch
-        answer = await asyncio.shield(batch.answer)
+        batches = self._metrics.list_batches if self._metrics is not None else None
+        answer = await self.shared_answer(request.raw_path, headers, auth, counted_in=batches)
         if answer is None:
             return None
         if isinstance(answer, ProxyError):
@@ -110,10 +97,38 @@ class ListBatcher:
         response.headers.extend(answer.headers)
         return response
 
+    async def shared_answer(
+        self,
+        path: str,
+        headers: CIMultiDict[str],
+        auth: str | None,
+        *,
+        counted_in: Counter | None = None,
+    ) -> Answer | ProxyError | None:
+        """The answer to ``GET path`` from an upstream request sent after this call began,
+        shared with every identical call waiting at the same time; None: too big to share."""
+        key: Key = (
+            path,
+            tuple(
+                sorted((k.lower(), v) for k, v in headers.items() if k.lower() not in _NOT_IN_KEY)
+            ),
+            auth,
+        )
+        state = self._keys.setdefault(key, _KeyState())
+        batch = state.waiting
+        if batch is None:
+            loop = asyncio.get_running_loop()
+            batch = Batch(path, headers, auth, loop.create_future(), counted_in)
+            if state.in_flight is None:
+                self._send(key, state, batch)
+            else:
+                state.waiting = batch
+        return await asyncio.shield(batch.answer)
+
     def _send(self, key: Key, state: _KeyState, batch: Batch) -> None:
         state.in_flight = batch
-        if self._metrics is not None:
-            self._metrics.list_batches.inc()
+        if batch.counted_in is not None:
+            batch.counted_in.inc()
         task = asyncio.create_task(self._fetch(key, state, batch), name="watchproxy-list-batch")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

@@ -1,0 +1,214 @@
+"""Consistent LISTs answered from a live shared watch once it has caught up (issue 16.2).
+
+Each test keeps a client watch open so that the key has a shared watch, then lists without a
+resourceVersion. What is pinned: a LIST sees every write that finished before it was sent, and
+is then answered from the hub (the apiserver serves only a one-item probe); a quiet collection,
+a watch that does not catch up, and a LIST the hub cannot page go to the apiserver.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import parse_qs
+
+import aiohttp
+
+from tests.component.test_pitfalls import pod
+from tests.harness import Running, running_proxy, wait_for
+
+PODS = "/api/v1/namespaces/default/pods"
+TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io"
+
+
+def names(body: dict[str, Any]) -> list[str]:
+    return sorted(item["metadata"]["name"] for item in body["items"])
+
+
+def versions(items: list[dict[str, Any]]) -> dict[str, str]:
+    return {i["metadata"]["name"]: i["metadata"]["resourceVersion"] for i in items}
+
+
+def in_flight(running: Running) -> float:
+    registry = running.proxy.metrics.registry
+    return registry.get_sample_value("watchproxy_requests_in_flight", {"kind": "request"}) or 0
+
+
+def outcome(running: Running, name: str) -> float:
+    value = running.proxy.metrics.registry.get_sample_value(
+        "watchproxy_consistent_lists_total", {"outcome": name}
+    )
+    return value or 0.0
+
+
+def upstream_lists(running: Running, query: str = "") -> list[Any]:
+    return [
+        r
+        for r in running.fake.stats.requests
+        if r.path == PODS
+        and not r.watch
+        and parse_qs(r.query_string).get("limit", [""])[0] == query
+    ]
+
+
+@contextlib.asynccontextmanager
+async def watching(
+    running: Running, session: aiohttp.ClientSession, headers: dict[str, str] | None = None
+) -> AsyncIterator[None]:
+    """A client watch on the pods, holding the key's shared watch open."""
+    stop = asyncio.Event()
+
+    async def watch() -> None:
+        async with session.get(
+            running.url + PODS + "?watch=1&allowWatchBookmarks=true", headers=headers or {}
+        ) as response:
+            assert response.status == 200
+            while not stop.is_set() and await response.content.readline():
+                pass
+
+    task = asyncio.create_task(watch())
+    try:
+        await wait_for(
+            lambda: (
+                running.proxy.metrics.registry.get_sample_value("watchproxy_shared_watches") == 1
+            ),
+            what="the shared watch",
+        )
+        yield
+    finally:
+        stop.set()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+@contextlib.asynccontextmanager
+async def writing(running: Running) -> AsyncIterator[None]:
+    """Pods written every few milliseconds: a collection whose watch moves all the time."""
+
+    async def write() -> None:
+        for i in range(100_000):
+            running.fake.store.create("pods", "default", pod(f"busy-{i:05}"))
+            await asyncio.sleep(0.01)
+
+    task = asyncio.create_task(write())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def get(session: aiohttp.ClientSession, url: str, **kwargs: Any) -> dict[str, Any]:
+    async with session.get(url, **kwargs) as response:
+        assert response.status == 200, await response.text()
+        body: dict[str, Any] = await response.json()
+        return body
+
+
+async def test_lists_see_every_earlier_write_and_are_answered_by_the_hub(tmp_path: Any) -> None:
+    async with running_proxy(tmp_path) as running, aiohttp.ClientSession() as session:
+        async with watching(running, session), writing(running):
+            await wait_for(lambda: len(running.fake.store.list("pods", "default")) >= 20,
+                           what="a busy collection")  # fmt: skip
+            full_lists = len(upstream_lists(running))
+            for round_ in range(3):
+                # Written before the LISTs are sent: every answer must hold it.
+                running.fake.store.create("pods", "default", pod(f"mark-{round_}"))
+                # The first probe is held upstream until all 20 LISTs are in watchproxy, so
+                # the other 19 share the next one: two probes for 20 LISTs, by construction.
+                running.fake.faults.hold_lists(True)
+                want = in_flight(running) + 20  # the client watch, and the 20
+                calls = [asyncio.ensure_future(get(session, running.url + PODS)) for _ in range(20)]
+                await wait_for(
+                    lambda want=want: in_flight(running) == want and running.fake.faults.lists_held,
+                    what="20 LISTs waiting on one probe",
+                )
+                running.fake.faults.hold_lists(False)
+                for body in await asyncio.gather(*calls):
+                    assert f"mark-{round_}" in names(body)
+        assert outcome(running, "hub") == 60
+        assert len(upstream_lists(running)) == full_lists  # no full LIST went upstream
+        assert len(upstream_lists(running, "1")) == 6
+        # Once writes stop, the hub's answer is the apiserver's, object for object.
+        direct = running.fake.store.list("pods", "default")
+        body = await get(session, running.url + PODS)
+        assert versions(body["items"]) == versions(direct)
+
+
+async def test_a_list_waits_until_the_watch_has_the_writes_before_it(tmp_path: Any) -> None:
+    async with running_proxy(tmp_path) as running, aiohttp.ClientSession() as session:
+        async with watching(running, session):
+            for i in range(3):  # the collection moves: the hub waits for it
+                running.fake.store.create("pods", "default", pod(f"early-{i}"))
+            (shared,) = running.proxy.hub.watches.values()  # type: ignore[union-attr]
+            want = running.fake.store.resource_version
+            await wait_for(lambda: shared.cache.resource_version == want, what="the writes")
+            # The watch now lags 0.3 s behind the store: a LIST answered at once would miss
+            # "late", which was written before it was sent.
+            running.fake.faults.delay_watch_events(0.3)
+            running.fake.store.create("pods", "default", pod("late"))
+            body = await get(session, running.url + PODS)
+            assert "late" in names(body)
+        assert outcome(running, "hub") == 1
+
+
+async def test_a_quiet_collection_is_listed_upstream_without_a_probe(tmp_path: Any) -> None:
+    overrides = {"hub.consistent_list_wait_seconds": 0.05}
+    async with running_proxy(tmp_path, overrides) as running, aiohttp.ClientSession() as session:
+        running.fake.store.create("pods", "default", pod("only"))
+        async with watching(running, session):
+            (shared,) = running.proxy.hub.watches.values()  # type: ignore[union-attr]
+            loop = asyncio.get_running_loop()
+            # Quiet: nothing moved for 4 waits (0.2 s); time passing is the event here.
+            await wait_for(
+                lambda: shared.advanced_at is not None and loop.time() - shared.advanced_at > 0.3,
+                what="the collection to be quiet",
+            )
+            assert names(await get(session, running.url + PODS)) == ["only"]
+        assert outcome(running, "quiet") == 1 and outcome(running, "hub") == 0
+        assert upstream_lists(running, "1") == []
+
+
+async def test_a_watch_that_does_not_catch_up_sends_the_list_upstream(tmp_path: Any) -> None:
+    async with running_proxy(tmp_path) as running, aiohttp.ClientSession() as session:
+        async with watching(running, session), writing(running):
+            await wait_for(lambda: outcome(running, "hub") >= 0 and
+                           len(running.fake.store.list("pods", "default")) >= 5,
+                           what="a busy collection")  # fmt: skip
+            # The shared watch's connection is cut and its next watch hangs: it is behind.
+            running.fake.faults.hang_watches(True)
+            running.fake.faults.cut_watches()
+            running.fake.store.create("pods", "default", pod("unseen"))
+            body = await get(session, running.url + PODS)
+            assert "unseen" in names(body)
+        assert outcome(running, "behind") == 1
+
+
+async def test_a_list_the_hub_cannot_page_goes_upstream_with_its_continue_token(
+    tmp_path: Any,
+) -> None:
+    async with running_proxy(tmp_path) as running, aiohttp.ClientSession() as session:
+        async with watching(running, session), writing(running):
+            await wait_for(lambda: len(running.fake.store.list("pods", "default")) >= 5,
+                           what="five pods")  # fmt: skip
+            body = await get(session, running.url + PODS + "?limit=2")
+            assert len(body["items"]) == 2 and body["metadata"]["continue"]
+            whole = await get(session, running.url + PODS + "?limit=100000")
+            assert "continue" not in whole["metadata"] or not whole["metadata"]["continue"]
+        assert outcome(running, "hub") == 1  # only the list that fits in its limit
+
+
+async def test_a_table_list_is_answered_from_a_table_watch(tmp_path: Any) -> None:
+    async with running_proxy(tmp_path) as running, aiohttp.ClientSession() as session:
+        async with watching(running, session, {"Accept": TABLE}), writing(running):
+            running.fake.store.create("pods", "default", pod("mark"))
+            async with session.get(running.url + PODS, headers={"Accept": TABLE}) as response:
+                assert response.status == 200
+                table = await response.json()
+        assert table["kind"] == "Table"
+        assert "mark" in [row["object"]["metadata"]["name"] for row in table["rows"]]
+        assert outcome(running, "hub") == 1

@@ -1,0 +1,47 @@
+"""Consistent LISTs answered from a shared watch once it is known to be current (issue 16.2).
+
+A LIST without a resourceVersion must reflect every write that finished before it arrived. The
+apiserver (KEP-2340) serves it from its watch cache after asking etcd for its current revision
+and waiting until the cache has caught up with it. watchproxy does the same one level up: the
+caller reads the apiserver's current revision R with a one-item LIST sent after the request
+arrived, and the shared watch's state may answer once its resourceVersion is at least R. Events
+reach a watch in resourceVersion order, so by then every write to the collection up to R is in
+the state.
+
+Unlike etcd, the apiserver cannot be asked for a progress notification: the state reaches R only
+with the collection's next event, or its next bookmark (about once a minute). A collection that
+changes often catches up within a fraction of a second; a quiet one would keep the client
+waiting for nothing, so a watch whose state has not moved for a while is not tried at all, and
+the wait is bounded in any case. Either way the LIST then goes to the apiserver.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from watchproxy.hub.sharedwatch import SharedWatch
+
+# A state that has not moved for this many waits is quiet: its next move is not expected soon.
+QUIET_AFTER_WAITS = 4
+
+
+def looks_busy(shared: SharedWatch, wait: float, now: float) -> bool:
+    """Whether the watch's state moved recently enough that waiting for it may pay."""
+    moved = shared.advanced_at
+    return moved is not None and now - moved <= wait * QUIET_AFTER_WAITS
+
+
+async def list_when_current(
+    shared: SharedWatch, current_rv: int, wait: float, clock: Callable[[], float]
+) -> tuple[bytes, str] | None:
+    """The state's LIST body and content type once it reflects ``current_rv``; None if it does
+    not within ``wait`` seconds (or the shared watch ends)."""
+    deadline = clock() + wait
+    while True:
+        rv = shared.cache.resource_version
+        if rv is not None and rv >= current_rv and not shared.closed:
+            return shared.cache.list_response(), shared.representation.content_type
+        remaining = deadline - clock()
+        if remaining <= 0 or shared.closed:
+            return None
+        await shared.wait_change(remaining)
