@@ -9,13 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from watchproxy.kube.jsonlist import walk_list
 from watchproxy.kube.negotiation import representation_for
 from watchproxy.kube.representation import (
     INITIAL_EVENTS_END_ANNOTATION,
     JsonRepresentation,
     PartialMetadataRepresentation,
     Representation,
-    _walk_list,
 )
 from watchproxy.kube.tables import TableRepresentation
 
@@ -449,7 +449,7 @@ def test_a_list_is_walked_into_exactly_what_json_parses(
 ) -> None:
     document = {**extra, "metadata": {"resourceVersion": "5"}, "items": items}
     text = json.dumps(document, indent=indent, ensure_ascii=False)
-    members = list(_walk_list(text))
+    members = list(walk_list(text))
     others = {k: v for k, v in json.loads(text).items() if k != "items"}
     assert {k: v for k, v, _, _ in members if k != "items"} == others
     walked = [(v, text[start:end]) for k, v, start, end in members if k == "items"]
@@ -462,7 +462,7 @@ def test_a_list_is_walked_into_exactly_what_json_parses(
 )
 def test_a_broken_list_raises_value_error(bad: str) -> None:
     with pytest.raises(ValueError):
-        list(_walk_list(bad))
+        list(walk_list(bad))
 
 
 def test_list_lines_are_the_items_own_bytes_typed_in_any_member_order() -> None:

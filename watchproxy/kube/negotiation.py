@@ -11,10 +11,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from watchproxy.kube.jsonobjects import META_GROUP, META_VERSIONS
 from watchproxy.kube.protobuf import ProtobufRepresentation
 from watchproxy.kube.representation import (
-    META_GROUP,
-    META_VERSIONS,
     JsonRepresentation,
     PartialMetadataRepresentation,
     Representation,

@@ -17,10 +17,25 @@ watch. Object dicts handed in are never mutated; dicts handed out must not be mu
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from watchproxy.kube.jsonlist import walk_list
+from watchproxy.kube.jsonobjects import (
+    INITIAL_EVENTS_END_ANNOTATION,
+    JSON,
+    META_GROUP,
+    Obj,
+    bookmark_metadata,
+    encode_json,
+    key_of,
+    list_of,
+    list_rv,
+    replace_rv,
+    rv_of,
+    typed,
+)
 
 __all__ = [
     "INITIAL_EVENTS_END_ANNOTATION",
@@ -29,86 +44,6 @@ __all__ = [
     "Representation",
     "encode_json",
 ]
-
-INITIAL_EVENTS_END_ANNOTATION = "k8s.io/initial-events-end"
-META_GROUP = "meta.k8s.io"
-META_VERSIONS = ("v1", "v1beta1")
-JSON = "application/json"
-
-Obj = dict[str, Any]
-
-
-def encode_json(value: Any) -> bytes:
-    """Compact JSON (no spaces), UTF-8 like the apiserver; ASCII-escaped if not encodable."""
-    try:
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
-    except UnicodeEncodeError:  # lone surrogates decoded from \\ud800-style escapes
-        return json.dumps(value, separators=(",", ":")).encode()
-
-
-def metadata_of(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    meta = obj.get("metadata")
-    if not isinstance(meta, Mapping):
-        raise ValueError("object has no metadata")
-    return meta
-
-
-def key_of(obj: Mapping[str, Any]) -> str:
-    meta = metadata_of(obj)
-    name = meta.get("name")
-    if not isinstance(name, str) or not name:
-        raise ValueError("object has no metadata.name")
-    namespace = meta.get("namespace")
-    return f"{namespace}/{name}" if namespace else name
-
-
-def rv_of(obj: Mapping[str, Any]) -> str:
-    rv = metadata_of(obj).get("resourceVersion")
-    if not isinstance(rv, str) or not rv:
-        raise ValueError("object has no metadata.resourceVersion")
-    return rv
-
-
-def replace_rv(obj: Mapping[str, Any], rv: str) -> Obj:
-    out = dict(obj)
-    out["metadata"] = {**metadata_of(obj), "resourceVersion": rv}
-    return out
-
-
-def typed(obj: Mapping[str, Any], api_version: str | None, kind: str | None) -> Obj:
-    """``obj`` with kind and apiVersion first (list items omit them; events carry them)."""
-    head: Obj = {}
-    kind = obj.get("kind", kind)
-    api_version = obj.get("apiVersion", api_version)
-    if kind is not None:
-        head["kind"] = kind
-    if api_version is not None:
-        head["apiVersion"] = api_version
-    head.update((k, v) for k, v in obj.items() if k not in ("kind", "apiVersion"))
-    return head
-
-
-def bookmark_metadata(rv: str, initial_events_end: bool) -> Obj:
-    meta: Obj = {"resourceVersion": rv}
-    if initial_events_end:
-        meta["annotations"] = {INITIAL_EVENTS_END_ANNOTATION: "true"}
-    return meta
-
-
-def list_of(body: Mapping[str, Any], field: str) -> list[Any]:
-    items = body.get(field)
-    if items is None:
-        return []
-    if not isinstance(items, list):
-        raise ValueError(f"list body has no {field} array")
-    return items
-
-
-def list_rv(body: Mapping[str, Any]) -> str:
-    rv = metadata_of(body).get("resourceVersion")
-    if not isinstance(rv, str) or not rv:
-        raise ValueError("list has no metadata.resourceVersion")
-    return rv
 
 
 @dataclass(slots=True)
@@ -257,57 +192,7 @@ class Representation:
 
 
 _ADDED_PREFIX = b'{"type":"ADDED","object":'
-_DECODER = json.JSONDecoder()
 _Typing = tuple[str | None, str | None, bytes]  # the items' apiVersion, kind, line prefix
-_WHITESPACE = re.compile(r"[ \t\n\r]*")
-
-
-def _walk_list(text: str) -> Iterator[tuple[str, Any, int, int]]:
-    """The members of a JSON list document in order, as (name, value, start, end); the
-    ``items`` array is walked too: one ("items", item, start, end) per item, with where the
-    item's text starts and ends. ``ValueError`` for anything but an object of such members."""
-
-    def skip(at: int) -> int:
-        match = _WHITESPACE.match(text, at)
-        assert match is not None  # the pattern matches the empty string
-        return match.end()
-
-    def expect(at: int, char: str) -> int:
-        if text[at : at + 1] != char:
-            raise ValueError(f"expected {char!r} at {at}")
-        return skip(at + 1)
-
-    def after_value(at: int, close: str) -> int:
-        """Past the ',' after a value, or at ``close`` when the value was the last."""
-        at = skip(at)
-        if text[at : at + 1] == ",":
-            return skip(at + 1)
-        if text[at : at + 1] != close:
-            raise ValueError(f"expected ',' or {close!r} at {at}")
-        return at
-
-    at = expect(skip(0), "{")
-    while text[at : at + 1] != "}":
-        key, at = _DECODER.raw_decode(text, at)
-        if not isinstance(key, str):
-            raise ValueError("a member name that is not a string")
-        at = expect(skip(at), ":")
-        if key == "items" and text[at : at + 1] == "[":
-            at = skip(at + 1)
-            while text[at : at + 1] != "]":
-                item, end = _DECODER.raw_decode(text, at)
-                if not isinstance(item, dict):
-                    raise ValueError("a list item that is not an object")
-                yield key, item, at, end
-                at = after_value(end, "]")
-            at = skip(at + 1)
-        else:
-            value, end = _DECODER.raw_decode(text, at)
-            yield key, value, at, end
-            at = end
-        at = after_value(at, "}")
-    if skip(at + 1) != len(text):
-        raise ValueError("data after the list")
 
 
 class JsonRepresentation(Representation):
@@ -340,7 +225,7 @@ class JsonRepresentation(Representation):
         document: Obj = {}
         typing: _Typing | None = None
         pending: list[tuple[Obj, int, int]] = []  # items before the list's kind: typed last
-        for key, value, start, end in _walk_list(text):
+        for key, value, start, end in walk_list(text):
             if key != "items":
                 document[key] = value
             elif typing is None and not ("kind" in document and "apiVersion" in document):

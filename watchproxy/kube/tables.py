@@ -20,11 +20,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from watchproxy.kube.representation import (
+from watchproxy.kube.jsonobjects import (
     JSON,
     META_GROUP,
     Obj,
-    Representation,
     bookmark_metadata,
     encode_json,
     key_of,
@@ -34,6 +33,7 @@ from watchproxy.kube.representation import (
     rv_of,
     typed,
 )
+from watchproxy.kube.representation import Representation
 
 
 class TableRepresentation(Representation):

@@ -1,0 +1,139 @@
+"""Merging the sources into one validated :class:`Config`, and the rules across keys.
+
+Precedence: flags > environment (``WATCHPROXY_<SECTION>_<KEY>``) > file > defaults. Every
+problem is a :class:`ConfigError` whose message names the source and the key, so the CLI can
+print one line and exit 2.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping
+from typing import Any
+
+from watchproxy.config.schema import SECTIONS, Config, ConfigError, field_types
+from watchproxy.config.sources import read_env
+from watchproxy.config.values import build_section, coerce
+
+
+def _merge_section(
+    merged: dict[str, dict[str, Any]], section: str, key: str, value: Any, where: str
+) -> None:
+    if section not in SECTIONS:
+        raise ConfigError(f"{where}: unknown section {section!r} (known: {', '.join(SECTIONS)})")
+    hints = field_types(SECTIONS[section])
+    if key not in hints:
+        raise ConfigError(f"{where}: unknown key {section}.{key}")
+    merged.setdefault(section, {})[key] = coerce(value, hints[key], where, True)
+
+
+def build_config(
+    file_data: Mapping[str, Any] | None = None,
+    *,
+    file_name: str = "config",
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, str] | None = None,
+) -> Config:
+    """Merge the sources and validate. ``overrides`` maps ``section.key`` to text (from flags)."""
+    merged: dict[str, dict[str, Any]] = {}
+    for section, values in (file_data or {}).items():
+        if section not in SECTIONS:
+            raise ConfigError(
+                f"{file_name}: {section}: unknown section (known: {', '.join(SECTIONS)})"
+            )
+        if values is None:
+            continue
+        if not isinstance(values, Mapping):
+            raise ConfigError(f"{file_name}: {section}: expected a mapping, got {values!r}")
+        hints = field_types(SECTIONS[section])
+        for key, value in values.items():
+            if key not in hints:
+                raise ConfigError(
+                    f"{file_name}: {section}.{key}: unknown key (known: {', '.join(hints)})"
+                )
+            merged.setdefault(section, {})[key] = value
+    for name, section, key, text in read_env(env or {}).settings:
+        _merge_section(merged, section, key, text, f"environment {name}")
+    for dotted, text in (overrides or {}).items():
+        section, _, key = dotted.partition(".")
+        _merge_section(merged, section, key, text, f"flag {dotted}")
+
+    sections: dict[str, Any] = {}
+    for section, cls in SECTIONS.items():
+        values = merged.get(section, {})
+        sections[section] = build_section(cls, values, f"{file_name}: {section}")
+    config = Config(**sections)
+    _check(config, file_name)
+    return config
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _check(config: Config, where: str) -> None:
+    """Cross-field rules, each reported against the key that breaks it."""
+    positive = {
+        "listen.port": config.listen.port,
+        "admin.port": config.admin.port,
+    }
+    for key, port in positive.items():
+        if not 0 <= port <= 65535:
+            raise ConfigError(f"{where}: {key}: must be a port number 0-65535, got {port}")
+    if not config.listen.allow_non_loopback and not _is_loopback(config.listen.host):
+        raise ConfigError(
+            f"{where}: listen.host: {config.listen.host!r} is not a loopback address; "
+            "set listen.allow_non_loopback: true to expose the API port"
+        )
+    b = config.backoff
+    if b.initial_seconds <= 0:
+        raise ConfigError(f"{where}: backoff.initial_seconds: must be > 0")
+    if b.factor < 1:
+        raise ConfigError(f"{where}: backoff.factor: must be >= 1")
+    if b.max_seconds < b.initial_seconds:
+        raise ConfigError(f"{where}: backoff.max_seconds: must be >= backoff.initial_seconds")
+    if b.probe_max_seconds < b.initial_seconds:
+        raise ConfigError(f"{where}: backoff.probe_max_seconds: must be >= backoff.initial_seconds")
+    if config.limits.list_batch_max_bytes < 0:
+        raise ConfigError(f"{where}: limits.list_batch_max_bytes: must be >= 0 (0: never)")
+    h = config.hub
+    if h.history_size < 1:
+        raise ConfigError(f"{where}: hub.history_size: must be >= 1")
+    for name in ("history_max_bytes", "history_max_bytes_per_key", "cache_max_bytes"):
+        if getattr(h, name) < 0:
+            raise ConfigError(f"{where}: hub.{name}: must be >= 0 (0: no bound)")
+    if h.consistent_list_wait_seconds < 0:
+        raise ConfigError(f"{where}: hub.consistent_list_wait_seconds: must be >= 0 (0: never)")
+    if h.client_watch_max_seconds < h.client_watch_min_seconds:
+        raise ConfigError(f"{where}: hub.client_watch_max_seconds: must be >= the min")
+    if h.upstream_watch_max_seconds < h.upstream_watch_min_seconds:
+        raise ConfigError(f"{where}: hub.upstream_watch_max_seconds: must be >= the min")
+    if h.bookmark_interval_seconds <= 0:
+        raise ConfigError(f"{where}: hub.bookmark_interval_seconds: must be > 0")
+    if h.upstream_silence_seconds <= 0:
+        raise ConfigError(f"{where}: hub.upstream_silence_seconds: must be > 0")
+    non_negative = {
+        "ratelimit.qps": config.ratelimit.qps,
+        "ratelimit.burst": config.ratelimit.burst,
+        "ratelimit.max_concurrent": config.ratelimit.max_concurrent,
+        "ratelimit.max_wait_seconds": config.ratelimit.max_wait_seconds,
+        "ratelimit.per_client_qps": config.ratelimit.per_client_qps,
+        "ratelimit.watch_errors_per_second": config.ratelimit.watch_errors_per_second,
+        "hub.linger_seconds": h.linger_seconds,
+        "limits.shutdown_grace_seconds": config.limits.shutdown_grace_seconds,
+        "upstream.token_reload_seconds": config.upstream.token_reload_seconds,
+        "upstream.stream_idle_timeout_seconds": config.upstream.stream_idle_timeout_seconds,
+    }
+    for key, value in non_negative.items():
+        if value < 0:
+            raise ConfigError(f"{where}: {key}: must be >= 0, got {value}")
+    if config.ratelimit.watch_errors_per_second > 0 and config.ratelimit.watch_errors_burst < 1:
+        raise ConfigError(f"{where}: ratelimit.watch_errors_burst: must be >= 1")
+    for index, rule in enumerate(config.security.rules):
+        if not rule.path.startswith("/"):
+            raise ConfigError(f"{where}: security.rules[{index}].path: must start with '/'")

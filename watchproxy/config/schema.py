@@ -1,0 +1,149 @@
+"""What can be configured: one frozen dataclass per section, their keys, types and defaults.
+
+Every key and its default is also in ``config.example.yaml`` (a test compares them).
+"""
+
+from __future__ import annotations
+
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+
+class ConfigError(Exception):
+    """A bad configuration; the message is one line naming the source and the key."""
+
+
+@dataclass(frozen=True)
+class ListenConfig:
+    host: str = "127.0.0.1"
+    port: int = 8001
+    allow_non_loopback: bool = False
+    allowed_hosts: tuple[str, ...] = ("127.0.0.1", "localhost", "[::1]")
+
+
+@dataclass(frozen=True)
+class AdminConfig:
+    host: str = "0.0.0.0"
+    port: int = 8081
+
+
+@dataclass(frozen=True)
+class UpstreamConfig:
+    mode: Literal["auto", "in-cluster", "kubeconfig"] = "auto"
+    kubeconfig: str | None = None
+    context: str | None = None
+    token_reload_seconds: float = 60.0
+    connect_timeout_seconds: float = 10.0
+    request_timeout_seconds: float = 60.0
+    watch_read_timeout_seconds: float = 120.0
+    stream_idle_timeout_seconds: float = 600.0
+    max_event_bytes: int = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class BackoffConfig:
+    initial_seconds: float = 0.8
+    factor: float = 2.0
+    max_seconds: float = 30.0
+    jitter: Literal["proportional", "full", "none"] = "proportional"
+    reset_after_seconds: float = 120.0
+    probe_max_seconds: float = 8.0
+
+
+@dataclass(frozen=True)
+class RateLimitConfig:
+    qps: float = 50.0
+    burst: int = 100
+    max_concurrent: int = 64
+    max_wait_seconds: float = 5.0
+    per_client_qps: float = 0.0
+    per_client_burst: int = 20
+    watch_errors_per_second: float = 1.0
+    watch_errors_burst: int = 10
+
+
+@dataclass(frozen=True)
+class HubConfig:
+    enabled: bool = True
+    history_size: int = 10000
+    history_max_age_seconds: float = 300.0
+    # Bytes of encoded events all history rings may hold together (0: no bound), and one
+    # ring alone (0: only the total bounds it).
+    history_max_bytes: int = 64 * 1024 * 1024
+    history_max_bytes_per_key: int = 0
+    # Bytes of current state (the cached objects) all shared watches may hold together (0: no
+    # bound); a key whose first LIST would go past it is passed through unshared.
+    cache_max_bytes: int = 512 * 1024 * 1024
+    # A LIST without a resourceVersion that a live shared watch covers is answered from it
+    # once the watch has caught up with the apiserver's current revision, if it does within
+    # this long (0: always from the apiserver).
+    consistent_list_wait_seconds: float = 0.5
+    linger_seconds: float = 30.0
+    max_subscriber_lag: int = 5000
+    slow_subscriber_timeout_seconds: float = 30.0
+    bookmark_interval_seconds: float = 60.0
+    client_watch_min_seconds: float = 1800.0
+    client_watch_max_seconds: float = 3600.0
+    upstream_watch_min_seconds: float = 300.0
+    upstream_watch_max_seconds: float = 600.0
+    # An upstream watch with neither an event nor a bookmark for this long is dead: about
+    # twice the apiserver's bookmark interval (one minute).
+    upstream_silence_seconds: float = 120.0
+
+
+@dataclass(frozen=True)
+class AccessRule:
+    action: Literal["allow", "deny"]
+    path: str
+    methods: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SecurityConfig:
+    identity: Literal["serviceaccount", "forward"] = "serviceaccount"
+    impersonation: Literal["refuse", "forward"] = "refuse"
+    rules: tuple[AccessRule, ...] = ()
+    read_only: bool = False
+
+
+@dataclass(frozen=True)
+class LimitsConfig:
+    header_timeout_seconds: float = 10.0
+    max_body_bytes: int = 4 * 1024 * 1024
+    max_connections: int = 1024
+    max_watches: int = 1000
+    shutdown_grace_seconds: float = 5.0
+    # Identical LISTs without a resourceVersion share one upstream request when its answer is
+    # at most this big (0: never batch).
+    list_batch_max_bytes: int = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    json: bool = False
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole validated configuration; immutable once built."""
+
+    listen: ListenConfig = field(default_factory=ListenConfig)
+    admin: AdminConfig = field(default_factory=AdminConfig)
+    upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
+    backoff: BackoffConfig = field(default_factory=BackoffConfig)
+    ratelimit: RateLimitConfig = field(default_factory=RateLimitConfig)
+    hub: HubConfig = field(default_factory=HubConfig)
+    security: SecurityConfig = field(default_factory=SecurityConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+
+# Section name -> its dataclass, in the order of Config's fields.
+SECTIONS: dict[str, type[Any]] = dict(typing.get_type_hints(Config))
+
+
+def field_types(cls: type[Any]) -> dict[str, Any]:
+    """A section's (or any config dataclass's) keys and their resolved types."""
+    return typing.get_type_hints(cls)
