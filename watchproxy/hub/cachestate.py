@@ -90,6 +90,19 @@ class CacheState:
             self.bytes -= old.size
         return old
 
+    def relist_changes(
+        self, listed: dict[str, Entry]
+    ) -> tuple[list[tuple[int, str, Entry]], list[str]]:
+        """What a relist to ``listed`` changes: the new or changed entries in order of their
+        RV (then key), and the keys gone, sorted."""
+        changed = [
+            (entry.rv, key, entry)
+            for key, entry in listed.items()
+            if (old := self._entries.get(key)) is None or old.rv != entry.rv
+        ]
+        changed.sort(key=lambda c: (c[0], c[1]))
+        return changed, sorted(key for key in self._entries if key not in listed)
+
     def object_of(self, entry: Entry) -> Obj:
         return self._rep.kept_object(entry.kept)
 

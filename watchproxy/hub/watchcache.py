@@ -27,16 +27,9 @@ read part of the diff. :meth:`WatchCache.plan` answers such an RV ``expired`` (t
 410 for ``R`` made it ambiguous; passing it through could lose deletes silently), and
 :meth:`WatchCache.events_from` ends a subscriber that joined ahead of the cache at such an RV.
 
-The window starts where the clients need it (issue 18). Mechanism of the old spurious 410s: the
-first list set the oldest resumable RV to its own RV, so a client one change older (an informer
-that had just LISTed, a client resuming after a restart) got a 410 the apiserver would not have
-given. Now the first :meth:`WatchCache.replace` may be given a ``floor`` (the oldest RV a
-waiting client asked for): the upstream watch opens from it, and the events it replays up to
-the list RV ("backfill") enter the history only. ``resource_version`` (what the state reflects)
-and ``stream_resource_version`` (up to where the history is complete: the upstream watch
-resumes from it, bookmarks carry it) differ only then. If the apiserver answers 410 for the
-backfill, :meth:`WatchCache.abandon_backfill` records a cutoff: subscribers that started below
-the list RV read what they had, then get the apiserver's own 410 line and end.
+The window starts where the clients need it (issue 18): the first :meth:`WatchCache.replace` may
+be given a ``floor``, and the events replayed from it up to the list RV ("backfill") enter the
+history only (see ``window`` for the mechanism and the backfill cutoff).
 
 Apart from those, the cache makes up no 410: an RV older than its history is
 ``outside_window``, and the hub passes that watch to the apiserver. Evicting an event makes RVs
@@ -49,7 +42,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from watchproxy.errors import status_object
 from watchproxy.hub import cachestate
 from watchproxy.hub.cachestate import CacheState
 from watchproxy.hub.cachetypes import (
@@ -65,6 +57,7 @@ from watchproxy.hub.cachetypes import (
 )
 from watchproxy.hub.historybudget import HistoryBudget
 from watchproxy.hub.historyring import HistoryRing
+from watchproxy.hub.streamlines import BookmarkLines, expired_line
 from watchproxy.hub.window import ResumeWindow
 from watchproxy.kube.representation import Representation
 
@@ -112,7 +105,7 @@ class WatchCache:
         self._rv_str: str | None = None
         self._stream: tuple[int, str] | None = None  # history complete up to here
         self._window = ResumeWindow()
-        self._bookmark_cache: tuple[str, bytes] | None = None
+        self._bookmarks = BookmarkLines(representation)
 
     def detach(self) -> None:
         """The shared watch ends: its history no longer counts against the budget."""
@@ -196,13 +189,7 @@ class WatchCache:
             raise ListRegressed(f"list resourceVersion {rv} is older than the cache's {self._rv}")
         self._window.relisted(self._ring.next_seq, self._rv, rv)
         now = self._clock()
-        changed = [
-            (entry.rv, key, entry)
-            for key, entry in keyed.items()
-            if (old := self._state.get(key)) is None or old.rv != entry.rv
-        ]
-        changed.sort(key=lambda c: (c[0], c[1]))
-        gone = sorted(key for key in self._state if key not in keyed)
+        changed, gone = self._state.relist_changes(keyed)
         out: list[CachedEvent] = []
         at_least = self._rv
         for obj_rv, key, entry in changed:
@@ -236,7 +223,7 @@ class WatchCache:
         self._rv, self._rv_str = rv, list_rv
         self._stream = (rv, list_rv)
         self._window.start(rv)
-        self._bookmark_cache = None
+        self._bookmarks.forget()
 
     def apply(self, event_type: str, obj: Obj) -> CachedEvent | None:
         """An upstream ADDED/MODIFIED/DELETED; None if it is at or below the stream RV.
@@ -352,10 +339,7 @@ class WatchCache:
 
     def expired_line(self, rv: str) -> bytes:
         """An ERROR event with a 410 Expired Status for an ``expired`` plan's ``rv``."""
-        oldest = self._window.oldest or 0
-        shown = str(int(rv)) if rv.isascii() and rv.isdigit() else rv
-        status = status_object(410, "Expired", f"too old resource version: {shown} ({oldest})")
-        return self._rep.error_line(status)
+        return expired_line(self._rep, rv, self._window.oldest or 0)
 
     def cut_line(self, seq: int, start_rv: int) -> bytes | None:
         """The apiserver's 410 line for a subscriber at a backfill cutoff, else None."""
@@ -365,16 +349,7 @@ class WatchCache:
         """A BOOKMARK event at the stream RV: every event up to it is in the history."""
         if self._stream is None:
             raise NotSynced("bookmark_line() before the first replace()")
-        rv_str = self._stream[1]
-        if not initial_events_end and self._bookmark_cache is not None:
-            cached_rv, line = self._bookmark_cache
-            if cached_rv == rv_str:
-                return line
-        obj = self._rep.bookmark_object(rv_str, initial_events_end=initial_events_end)
-        line = self._rep.encode_event("BOOKMARK", obj)
-        if not initial_events_end:
-            self._bookmark_cache = (rv_str, line)
-        return line
+        return self._bookmarks.line(self._stream[1], initial_events_end=initial_events_end)
 
     def objects_snapshot(self) -> list[Obj]:
         """The current objects (watch-event form; do not mutate them)."""
@@ -418,14 +393,4 @@ class WatchCache:
         return self._state.bytes
 
     def _dropped(self, gone: CachedEvent, oldest: CachedEvent | None) -> None:
-        # A client at gone.rv has seen gone and everything else at that RV — except at relist
-        # events below their list's RV, which are replayed: with part of them gone, a client
-        # at that RV could not get them all again, so that one RV becomes a (one-RV) gap.
-        if (
-            gone.relist
-            and oldest is not None
-            and oldest.rv == gone.rv
-            and not self._window.is_list_rv(gone.rv)
-        ):
-            self._window.group_broken(gone.rv)
-        self._window.evicted(gone.rv)
+        self._window.dropped(gone.rv, gone.relist, oldest.rv if oldest is not None else None)

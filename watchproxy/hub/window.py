@@ -4,6 +4,17 @@ Kept by :class:`~watchproxy.hub.watchcache.WatchCache` (see its module docstring
 rule exists): the oldest resumable RV, the relist gaps (RVs a relist made ambiguous), and the
 backfill cutoffs (subscribers that started below an RV the apiserver refused to replay).
 Pure and small; the cache calls it, nothing else does.
+
+The window starts where the clients need it (issue 18). Mechanism of the old spurious 410s: the
+first list set the oldest resumable RV to its own RV, so a client one change older (an informer
+that had just LISTed, a client resuming after a restart) got a 410 the apiserver would not have
+given. Now the first :meth:`WatchCache.replace` may be given a ``floor`` (the oldest RV a
+waiting client asked for): the upstream watch opens from it, and the events it replays up to
+the list RV ("backfill") enter the history only. ``resource_version`` (what the state reflects)
+and ``stream_resource_version`` (up to where the history is complete: the upstream watch
+resumes from it, bookmarks carry it) differ only then. If the apiserver answers 410 for the
+backfill, :meth:`WatchCache.abandon_backfill` records a cutoff: subscribers that started below
+the list RV read what they had, then get the apiserver's own 410 line and end.
 """
 
 from __future__ import annotations
@@ -82,3 +93,14 @@ class ResumeWindow:
         self._gaps.append(gap)
         if len(self._gaps) > MAX_GAPS:
             del self._gaps[: len(self._gaps) - MAX_GAPS]
+
+    def dropped(self, rv: int, relist: bool, oldest_left: int | None) -> None:
+        """The history dropped an event at ``rv`` (``oldest_left``: its oldest event now).
+
+        A client at ``rv`` has seen that event and everything else at that RV — except at
+        relist events below their list's RV, which are replayed: with part of them gone, a
+        client at that RV could not get them all again, so that one RV becomes a (one-RV) gap.
+        """
+        if relist and oldest_left == rv and not self.is_list_rv(rv):
+            self.group_broken(rv)
+        self.evicted(rv)
