@@ -109,6 +109,11 @@ class Proxy:
             forward_impersonation=config.security.impersonation == "forward",
             stream_idle_timeout=config.upstream.stream_idle_timeout_seconds,
         )
+        self.relay = UpgradeRelay(
+            self.upstream,
+            forward_identity=config.security.identity == "forward",
+            forward_impersonation=config.security.impersonation == "forward",
+        )
         self.list_batcher: ListBatcher | None = None
         if config.limits.list_batch_max_bytes:
             self.list_batcher = ListBatcher(
@@ -187,11 +192,7 @@ class Proxy:
         )
         handler = ApiHandler(
             guard=guard,
-            relay=UpgradeRelay(
-                self.upstream,
-                forward_identity=self.config.security.identity == "forward",
-                forward_impersonation=self.config.security.impersonation == "forward",
-            ),
+            relay=self.relay,
             forwarder=self.forwarder,
             list_batcher=self.list_batcher,
             consistent_lists=self.consistent_lists,
@@ -277,6 +278,7 @@ class Proxy:
                 except TimeoutError:
                     log.warning("the hub did not close within half the %gs shutdown grace", grace)
             self.forwarder.close_streams()
+            self.relay.close_sessions()
             if self.list_batcher is not None:
                 await self.list_batcher.close()
             if self.consistent_lists is not None:

@@ -173,3 +173,19 @@ async def test_an_upgrade_the_apiserver_cannot_take_gets_a_status(
         status = json.loads(refused.value.body)
         assert (refused.value.status, status["kind"]) == (503, "Status"), status
         assert "the apiserver did not answer" in status["message"]
+
+
+async def test_a_proxy_stopping_ends_an_open_session_and_closes_both_sides(tmp_path: Any) -> None:
+    async with shell(tmp_path) as f:
+        client = await ExecClient.open(f.running.proxy.api_port)
+        try:
+            assert await client.echo(b"before the stop") == b"before the stop"
+            links = f.faults.open_links
+            # Sessions are ended at once, not after half the shutdown grace (2.5 s of 5 s).
+            async with asyncio.timeout(1.5):
+                await f.running.proxy.stop()
+            with pytest.raises((EOFError, ConnectionError)):
+                await client.echo(b"after")
+            await wait_for(lambda: f.faults.open_links < links, what="the upstream side to close")
+        finally:
+            client.close()

@@ -116,6 +116,13 @@ class UpgradeRelay:
         self.upstream = upstream
         self.forward_identity = forward_identity
         self.forward_impersonation = forward_impersonation
+        self._sessions: set[UpgradeAnswer] = set()
+
+    def close_sessions(self) -> None:
+        """At shutdown: end every relayed session now (its upstream connection closes, its
+        pumps end, and the handler closes the client's), not after the shutdown grace."""
+        for answer in list(self._sessions):
+            answer.writer.transport.abort()
 
     async def relay(self, request: web.Request) -> web.StreamResponse:
         if request.body_exists:
@@ -158,6 +165,7 @@ class UpgradeRelay:
         response.force_close()
         writer = await response.prepare(request)
         assert writer is not None
+        self._sessions.add(answer)
         pumps = [
             asyncio.create_task(_client_to_upstream(client, answer.writer)),
             asyncio.create_task(_upstream_to_client(answer.reader, writer)),
@@ -165,6 +173,7 @@ class UpgradeRelay:
         try:
             await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
         finally:
+            self._sessions.discard(answer)
             for pump in pumps:
                 pump.cancel()
             outcomes = await asyncio.gather(*pumps, return_exceptions=True)

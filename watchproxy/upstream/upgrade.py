@@ -37,7 +37,7 @@ class BadAnswer(Exception):
     """The apiserver's answer to an upgrade is not HTTP/1.1."""
 
 
-@dataclass
+@dataclass(eq=False)  # one answer per connection: compared and hashed by identity
 class UpgradeAnswer:
     """The apiserver's answer: 101 with the stream open, or a refusal with its body read."""
 
