@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import NoReturn
 
 from watchproxy import __version__
+from watchproxy.allocator import fix_mmap_threshold
 from watchproxy.config import Config, ConfigError, build_config, load_file, read_env
 from watchproxy.kube.credentials import CredentialsError, resolve_target
 from watchproxy.logs import setup_logging
@@ -234,6 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"watchproxy: {error}", file=sys.stderr)
         return 2
     setup_logging(config.logging.level, as_json=config.logging.json)
+    fix_mmap_threshold()
     install_loop()
     try:
         asyncio.run(run_proxy(config, env))
