@@ -21,6 +21,8 @@ from tests.harness import Running, running_proxy, wait_for
 
 PODS = "/api/v1/namespaces/default/pods"
 TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io"
+# Room for a loaded machine: the fake, the proxy and the clients share one event loop here.
+PATIENT = {"hub.consistent_list_wait_seconds": 2.0}
 
 
 def names(body: dict[str, Any]) -> list[str]:
@@ -110,7 +112,7 @@ async def get(session: aiohttp.ClientSession, url: str, **kwargs: Any) -> dict[s
 
 
 async def test_lists_see_every_earlier_write_and_are_answered_by_the_hub(tmp_path: Any) -> None:
-    async with running_proxy(tmp_path) as running, aiohttp.ClientSession() as session:
+    async with running_proxy(tmp_path, PATIENT) as running, aiohttp.ClientSession() as session:
         async with watching(running, session), writing(running):
             await wait_for(lambda: len(running.fake.store.list("pods", "default")) >= 20,
                            what="a busy collection")  # fmt: skip
@@ -140,7 +142,7 @@ async def test_lists_see_every_earlier_write_and_are_answered_by_the_hub(tmp_pat
 
 
 async def test_a_list_waits_until_the_watch_has_the_writes_before_it(tmp_path: Any) -> None:
-    async with running_proxy(tmp_path) as running, aiohttp.ClientSession() as session:
+    async with running_proxy(tmp_path, PATIENT) as running, aiohttp.ClientSession() as session:
         async with watching(running, session):
             for i in range(3):  # the collection moves: the hub waits for it
                 running.fake.store.create("pods", "default", pod(f"early-{i}"))
@@ -203,7 +205,7 @@ async def test_a_list_the_hub_cannot_page_goes_upstream_with_its_continue_token(
 
 
 async def test_a_table_list_is_answered_from_a_table_watch(tmp_path: Any) -> None:
-    async with running_proxy(tmp_path) as running, aiohttp.ClientSession() as session:
+    async with running_proxy(tmp_path, PATIENT) as running, aiohttp.ClientSession() as session:
         async with watching(running, session, {"Accept": TABLE}), writing(running):
             running.fake.store.create("pods", "default", pod("mark"))
             async with session.get(running.url + PODS, headers={"Accept": TABLE}) as response:
