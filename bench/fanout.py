@@ -177,7 +177,13 @@ class Bench:
         fake_args += ["--object-bytes", str(a.object_bytes)]
         if a.no_tls:
             fake_args.append("--no-tls")
-        self.fake_info = await self.fake.start("bench.fake", *fake_args)
+        if a.upstream == "real":
+            fake_args = ["--dir", self.workdir, "--objects", str(a.objects)]
+            fake_args += ["--object-bytes", str(a.object_bytes)]
+            self.fake_info = await self.fake.start("bench.realapi", *fake_args, timeout=150)
+            self.fake.cpu_pid = self.fake_info["pid"]  # kube-apiserver's side (kubetestenv)
+        else:
+            self.fake_info = await self.fake.start("bench.fake", *fake_args)
         proxy_args = ["--kubeconfig", self.fake_info["kubeconfig"]]
         if a.profile_proxy:
             proxy_args += ["--profile", a.profile_proxy]
@@ -241,6 +247,8 @@ class Bench:
                 child = Child(f"subscribers-{self.cell_no}-{i}", self.workdir)
                 sub_args = ["--url", self.urls[mode], "--count", str(share), "--rv", str(rv0)]
                 sub_args += ["--expect", str(events), "--out", out]
+                if a.upstream == "real":
+                    sub_args.append("--by-count")
                 if mode == "direct":
                     sub_args += ["--token", self.fake_info["token"]]
                     if not a.no_tls:
@@ -437,6 +445,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--object-bytes", type=int, default=1024, help="approximate event size")
     parser.add_argument("--sub-procs", type=int, default=1, help="subscriber processes per cell")
     parser.add_argument("--no-tls", action="store_true", help="fake apiserver without TLS")
+    parser.add_argument(
+        "--upstream",
+        choices=("fake", "real"),
+        default="fake",
+        help="the Python fake, or kube-apiserver + etcd (bench.realapi; needs kubetestenv)",
+    )
     parser.add_argument("--profile-proxy", default="", help="cProfile the proxy into this file")
     args = parser.parse_args(argv)
     args.subscribers = [

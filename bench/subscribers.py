@@ -69,10 +69,19 @@ def _check_decoded(line: bytes, rv: int, stamp: int) -> bool:
 
 
 class Client:
-    def __init__(self, stream: Stream, final_rv: int, latencies: array.array[int]) -> None:
+    def __init__(
+        self,
+        stream: Stream,
+        final_rv: int,
+        latencies: array.array[int],
+        expect: int | None = None,
+    ) -> None:
         self.stream = stream
         self.final_rv = final_rv
         self.latencies = latencies
+        # By count (a real apiserver: its own writes leave RV gaps): ``expect`` events, each
+        # newer than the last; gaps are what is missing at the end.
+        self.expect = expect
         self.complete = asyncio.Event()
 
     def feed(self, chunk_lines: list[bytes], now_ns: int) -> None:
@@ -89,6 +98,11 @@ class Client:
                     s.bad_lines += 1
             s.count += 1
             self.latencies.append((now_ns - stamp) // 1000)  # microseconds
+            if self.expect is not None:
+                if rv <= s.last_rv:
+                    s.reordered += 1
+                s.last_rv = max(s.last_rv, rv)
+                continue
             if rv == s.expected_next:
                 s.expected_next += 1
             elif rv > s.expected_next:
@@ -98,7 +112,7 @@ class Client:
                 s.reordered += 1
             s.last_rv = max(s.last_rv, rv)
         s.last_ns = now_ns
-        if s.last_rv >= self.final_rv:
+        if (s.count >= self.expect) if self.expect is not None else (s.last_rv >= self.final_rv):
             self.complete.set()
 
     async def read(self, response: aiohttp.ClientResponse) -> None:
@@ -131,6 +145,9 @@ async def main() -> None:
     parser.add_argument("--token", default="")
     parser.add_argument("--ca", default="")
     parser.add_argument("--connect-timeout", type=float, default=60.0)
+    parser.add_argument(
+        "--by-count", action="store_true", help="check counts and order, not consecutive RVs"
+    )
     args = parser.parse_args()
 
     ssl_context: ssl.SSLContext | bool = (
@@ -140,7 +157,11 @@ async def main() -> None:
     url = f"{args.url}?watch=true&resourceVersion={args.rv}"
     latencies: array.array[int] = array.array("q")
     final_rv = args.rv + args.expect
-    clients = [Client(Stream(args.rv + 1, args.rv), final_rv, latencies) for _ in range(args.count)]
+    by_count = args.expect if args.by_count else None
+    clients = [
+        Client(Stream(args.rv + 1, args.rv), final_rv, latencies, by_count)
+        for _ in range(args.count)
+    ]
     readers: list[asyncio.Task[None]] = []
     failed = 0
     gate = asyncio.Semaphore(32)  # bounded connection storm (TLS handshakes are not free)
@@ -198,6 +219,9 @@ async def main() -> None:
             task.cancel()
         await asyncio.gather(*readers, return_exceptions=True)
 
+    if by_count is not None:
+        for c in clients:
+            c.stream.gaps = max(0, by_count - c.stream.count)
     result: dict[str, Any] = {
         "streams": [asdict(c.stream) for c in clients],
         "latencies_us": latencies.tolist(),
