@@ -57,14 +57,17 @@ def upstream_lists(running: Running, query: str = "") -> list[Any]:
 
 @contextlib.asynccontextmanager
 async def watching(
-    running: Running, session: aiohttp.ClientSession, headers: dict[str, str] | None = None
+    running: Running,
+    session: aiohttp.ClientSession,
+    headers: dict[str, str] | None = None,
+    path: str = PODS,
 ) -> AsyncIterator[None]:
     """A client watch on the pods, holding the key's shared watch open."""
     stop = asyncio.Event()
 
     async def watch() -> None:
         async with session.get(
-            running.url + PODS + "?watch=1&allowWatchBookmarks=true", headers=headers or {}
+            running.url + path + "?watch=1&allowWatchBookmarks=true", headers=headers or {}
         ) as response:
             assert response.status == 200
             while not stop.is_set() and await response.content.readline():
@@ -214,3 +217,28 @@ async def test_a_table_list_is_answered_from_a_table_watch(tmp_path: Any) -> Non
         assert table["kind"] == "Table"
         assert "mark" in [row["object"]["metadata"]["name"] for row in table["rows"]]
         assert outcome(running, "hub") == 1
+
+
+async def test_a_namespaced_list_is_answered_from_a_cluster_wide_watch(tmp_path: Any) -> None:
+    """An informer watching all pods answers ``kubectl get pods -n other`` too."""
+    other = "/api/v1/namespaces/other/pods"
+    async with running_proxy(tmp_path, PATIENT) as running, aiohttp.ClientSession() as session:
+        store = running.fake.store
+        store.create("namespaces", None, {"metadata": {"name": "other"}})
+        for i in range(3):
+            store.create("pods", "other", pod(f"o{i}"))
+        async with watching(running, session, path="/api/v1/pods"), writing(running):
+            store.create("pods", "other", pod("mark"))
+            body = await get(session, running.url + other)
+            assert names(body) == ["mark", "o0", "o1", "o2"]
+            assert outcome(running, "hub") == 1
+            cached = await get(session, running.url + PODS + "?resourceVersion=0")
+            assert cached["items"] and all(
+                i["metadata"]["namespace"] == "default" for i in cached["items"]
+            )
+            registry = running.proxy.metrics.registry
+            assert registry.get_sample_value("watchproxy_lists_from_cache_total") == 1
+        body = await get(session, running.url + other)
+        assert versions(body["items"]) == versions(store.list("pods", "other"))
+        lists = [r for r in running.fake.stats.requests if r.path == other and not r.watch]
+        assert [r.query_string for r in lists] == ["limit=1", "limit=1"]  # probes only

@@ -110,9 +110,18 @@ class CacheState:
         """The current objects (watch-event form; do not mutate them)."""
         return [self._rep.kept_object(entry.kept) for entry in self._entries.values()]
 
-    def list_body(self, rv: str) -> bytes:
-        """A LIST response body of the current objects at ``rv``."""
-        return self._rep.encode_kept_list([e.kept for e in self._entries.values()], rv)
+    def list_body(self, rv: str, namespace: str | None = None) -> bytes:
+        """A LIST response body of the current objects at ``rv`` (those of ``namespace``
+        only, when given: keys of namespaced objects start with it and a slash)."""
+        if namespace is None:
+            return self._rep.encode_kept_list([e.kept for e in self._entries.values()], rv)
+        prefix = namespace + "/"
+        kept = [e.kept for key, e in self._entries.items() if key.startswith(prefix)]
+        return self._rep.encode_kept_list(kept, rv)
+
+    def count_in(self, namespace: str) -> int:
+        prefix = namespace + "/"
+        return sum(1 for key in self._entries if key.startswith(prefix))
 
     def added_lines(self) -> Sequence[bytes]:
         """An ADDED line per object (the start of a watch without a resourceVersion); shared

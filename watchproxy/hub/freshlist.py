@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from watchproxy.hub.listcover import Cover
 from watchproxy.hub.sharedwatch import SharedWatch
 
 # A state that has not moved for this many waits is quiet: its next move is not expected soon.
@@ -32,15 +33,16 @@ def looks_busy(shared: SharedWatch, wait: float, now: float) -> bool:
 
 
 async def list_when_current(
-    shared: SharedWatch, current_rv: int, wait: float, clock: Callable[[], float]
+    cover: Cover, current_rv: int, wait: float, clock: Callable[[], float]
 ) -> tuple[bytes, str] | None:
-    """The state's LIST body and content type once it reflects ``current_rv``; None if it does
+    """The LIST body and content type once the state reflects ``current_rv``; None if it does
     not within ``wait`` seconds (or the shared watch ends)."""
+    shared = cover.shared
     deadline = clock() + wait
     while True:
         rv = shared.cache.resource_version
         if rv is not None and rv >= current_rv and not shared.closed:
-            return shared.cache.list_response(), shared.representation.content_type
+            return cover.list_body(), shared.representation.content_type
         remaining = deadline - clock()
         if remaining <= 0 or shared.closed:
             return None

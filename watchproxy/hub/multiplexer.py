@@ -29,6 +29,7 @@ from watchproxy.config import HubConfig
 from watchproxy.errors import TooManyRequests, UpstreamTimeout, UpstreamUnavailable
 from watchproxy.hub.cachetypes import StartPlan
 from watchproxy.hub.historybudget import HistoryBudget
+from watchproxy.hub.listcover import Cover, find_cover
 from watchproxy.hub.ports import UpstreamHealth, WatchSource, WatchStarter
 from watchproxy.hub.sharedwatch import SharedWatch, UpstreamRefused
 from watchproxy.hub.subscriber import Subscriber, SubscriberOptions
@@ -301,36 +302,29 @@ class Hub:
         """
         if query.resource_version != "0" or query.continue_token:
             return None
-        if query.timeout is not None and not is_go_duration(query.timeout):
-            return None  # the apiserver's 400 for a request deadline it cannot parse
-        _auth, found = self._key(headers, api_path, query)
-        if isinstance(found, Unservable):
+        cover = self.list_cover(api_path, query, headers)
+        if cover is None:
             return None
-        shared = self.watches.get(found[0])
-        if shared is None or shared.closed or not shared.cache.synced:
-            return None
-        body = shared.cache.list_response()
+        body = cover.list_body()
         self.metrics.lists_from_cache.inc()
-        return body, shared.representation.content_type
+        return body, cover.shared.representation.content_type
 
     def covering_watch(
         self, api_path: ApiPath, query: WatchQuery, headers: Headers
-    ) -> SharedWatch | None:
-        """The synced shared watch holding exactly what a consistent LIST asks for, if its
-        answer fits in one page (the hub has no snapshots to continue a list from)."""
+    ) -> Cover | None:
+        """What can answer a consistent LIST, if its answer fits in one page (the hub has no
+        snapshots to continue a list from)."""
         if query.resource_version or query.continue_token or query.resource_version_match:
             return None
+        cover = self.list_cover(api_path, query, headers)
+        if cover is None or (query.limit and cover.count() > query.limit):
+            return None
+        return cover
+
+    def list_cover(self, api_path: ApiPath, query: WatchQuery, headers: Headers) -> Cover | None:
         if query.timeout is not None and not is_go_duration(query.timeout):
             return None  # the apiserver's 400 for a request deadline it cannot parse
-        _auth, found = self._key(headers, api_path, query)
-        if isinstance(found, Unservable):
-            return None
-        shared = self.watches.get(found[0])
-        if shared is None or shared.closed or not shared.cache.synced:
-            return None
-        if query.limit and len(shared.cache) > query.limit:
-            return None
-        return shared
+        return find_cover(self.watches, lambda path: self._key(headers, path, query)[1], api_path)
 
     async def _plan(self, shared: SharedWatch, query: WatchQuery) -> StartPlan:
         """The client's start point; for an RV newer than the cache, wait for it (bounded)."""

@@ -355,11 +355,14 @@ class WatchCache:
         """The current objects (watch-event form; do not mutate them)."""
         return self._state.objects()
 
-    def list_response(self) -> bytes:
-        """A LIST response body of the current state at its RV."""
+    def list_response(self, namespace: str | None = None) -> bytes:
+        """A LIST response body of the current state at its RV (one namespace's part)."""
         if self._rv_str is None:
             raise NotSynced("list_response() before the first replace()")
-        return self._state.list_body(self._rv_str)
+        return self._state.list_body(self._rv_str, namespace)
+
+    def count_in(self, namespace: str) -> int:
+        return self._state.count_in(namespace)
 
     def stats(self) -> dict[str, Any]:
         return {

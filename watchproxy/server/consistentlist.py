@@ -52,18 +52,18 @@ class ConsistentLists:
         """The answer from a shared watch; None: the LIST goes to the apiserver."""
         if self.wait <= 0:
             return None
-        shared = self.hub.covering_watch(api_path, query, request.headers)
-        if shared is None:
+        cover = self.hub.covering_watch(api_path, query, request.headers)
+        if cover is None:
             return None
         outcomes = self.metrics.consistent_lists
-        if not looks_busy(shared, self.wait, self.clock()):
+        if not looks_busy(cover.shared, self.wait, self.clock()):
             outcomes.labels("quiet").inc()
             return None
         current = await self._current_rv(request)
         if current is None:
             outcomes.labels("probe-failed").inc()
             return None
-        served = await list_when_current(shared, current, self.wait, self.clock)
+        served = await list_when_current(cover, current, self.wait, self.clock)
         if served is None:
             outcomes.labels("behind").inc()
             return None
