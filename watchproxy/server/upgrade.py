@@ -116,13 +116,13 @@ class UpgradeRelay:
         self.upstream = upstream
         self.forward_identity = forward_identity
         self.forward_impersonation = forward_impersonation
-        self._sessions: set[UpgradeAnswer] = set()
+        self._sessions: set[asyncio.Task[None]] = set()  # every session's two pumps
 
     def close_sessions(self) -> None:
-        """At shutdown: end every relayed session now (its upstream connection closes, its
-        pumps end, and the handler closes the client's), not after the shutdown grace."""
-        for answer in list(self._sessions):
-            answer.writer.transport.abort()
+        """At shutdown: end every relayed session now, not after the shutdown grace. Its pumps
+        are cancelled; its handler, which owns both connections, then closes them."""
+        for pump in list(self._sessions):
+            pump.cancel()
 
     async def relay(self, request: web.Request) -> web.StreamResponse:
         if request.body_exists:
@@ -165,15 +165,15 @@ class UpgradeRelay:
         response.force_close()
         writer = await response.prepare(request)
         assert writer is not None
-        self._sessions.add(answer)
         pumps = [
             asyncio.create_task(_client_to_upstream(client, answer.writer)),
             asyncio.create_task(_upstream_to_client(answer.reader, writer)),
         ]
+        self._sessions.update(pumps)
         try:
             await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            self._sessions.discard(answer)
+            self._sessions.difference_update(pumps)
             for pump in pumps:
                 pump.cancel()
             outcomes = await asyncio.gather(*pumps, return_exceptions=True)
