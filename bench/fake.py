@@ -18,12 +18,11 @@ gaps: subscribers check exactly that.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import time
 from typing import Any
 
-from bench.roles import NAMESPACE, RESOURCE, STAMP_KEY, emit, run, serve_commands
+from bench.roles import NAMESPACE, RESOURCE, STAMP_KEY, emit, generate, run, serve_commands
 from kubefake import FakeApiServer
 
 
@@ -64,31 +63,10 @@ class Generator:
         self.seq += 1
 
     async def generate(self, events: int, rate: float) -> dict[str, Any]:
-        loop = asyncio.get_running_loop()
-        first_ns = time.time_ns()
-        start = loop.time()
-        rv_first = rv_last = -1
-        late = 0.0
-        for done in range(events):
-            if rate > 0:
-                # Paced against the start time so the rate does not drift with write cost.
-                delay = start + done / rate - loop.time()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                else:
-                    late = max(late, -delay)
-            rv_last = self._write_one()
-            if done == 0:
-                rv_first = rv_last
-            if rate <= 0:
-                await asyncio.sleep(0)
-        return {
-            "first_ns": first_ns,
-            "last_ns": time.time_ns(),
-            "rv_first": rv_first,
-            "rv_last": rv_last,
-            "late_ms": round(late * 1000, 3),
-        }
+        async def write_one() -> int:
+            return self._write_one()
+
+        return await generate(write_one, events, rate)
 
 
 async def main() -> None:

@@ -24,7 +24,7 @@ from typing import Any
 
 import aiohttp
 
-from bench.roles import NAMESPACE, RESOURCE, STAMP_KEY, emit, run, serve_commands
+from bench.roles import NAMESPACE, RESOURCE, STAMP_KEY, emit, generate, run, serve_commands
 from tests.realapi.fixture import RealApiServer, start_kubetestenv
 
 CONFIGMAPS = f"/api/v1/namespaces/{NAMESPACE}/{RESOURCE}"
@@ -97,28 +97,7 @@ class RealGenerator:
         return {"rv": rv, "watches": watches - self.own_watches}
 
     async def generate(self, events: int, rate: float) -> dict[str, Any]:
-        loop = asyncio.get_running_loop()
-        first_ns = time.time_ns()
-        start = loop.time()
-        rv_first = rv_last = -1
-        late = 0.0
-        for done in range(events):
-            if rate > 0:
-                delay = start + done / rate - loop.time()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                else:
-                    late = max(late, -delay)
-            rv_last = await self.write_one()
-            if done == 0:
-                rv_first = rv_last
-        return {
-            "first_ns": first_ns,
-            "last_ns": time.time_ns(),
-            "rv_first": rv_first,
-            "rv_last": rv_last,
-            "late_ms": round(late * 1000, 3),
-        }
+        return await generate(self.write_one, events, rate)
 
 
 async def main() -> None:

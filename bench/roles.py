@@ -13,7 +13,8 @@ import contextlib
 import json
 import os
 import sys
-from collections.abc import Callable, Coroutine
+import time
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 # Our event lines carry this annotation: the generator's time.time_ns() just before the write.
@@ -63,6 +64,40 @@ async def serve_commands(
         reply = await handle(words)
         if reply is not None:
             emit(reply)
+
+
+async def generate(
+    write_one: Callable[[], Awaitable[int]], events: int, rate: float
+) -> dict[str, Any]:
+    """The generator of the upstream roles: ``events`` writes (``write_one`` returns the RV it
+    wrote) at ``rate``/s, or as fast as possible (yielding after each write so the watch streams
+    interleave) when ``rate`` <= 0. The ``gen`` command's answer: first/last wall time and RV,
+    and how far the paced schedule slipped at worst (``late_ms``)."""
+    loop = asyncio.get_running_loop()
+    first_ns = time.time_ns()
+    start = loop.time()
+    rv_first = rv_last = -1
+    late = 0.0
+    for done in range(events):
+        if rate > 0:
+            # Paced against the start time so the rate does not drift with write cost.
+            delay = start + done / rate - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            else:
+                late = max(late, -delay)
+        rv_last = await write_one()
+        if done == 0:
+            rv_first = rv_last
+        if rate <= 0:
+            await asyncio.sleep(0)
+    return {
+        "first_ns": first_ns,
+        "last_ns": time.time_ns(),
+        "rv_first": rv_first,
+        "rv_last": rv_last,
+        "late_ms": round(late * 1000, 3),
+    }
 
 
 def run(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
