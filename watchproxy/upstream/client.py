@@ -137,14 +137,21 @@ class Upstream:
         if self.connectivity is not None:
             self.connectivity.suspect(reason)
 
-    def _failed(self, error: BaseException) -> UpstreamUnavailable:
-        """This request got no answer. A failed dial was already reported by the connector;
-        an established connection that broke only raises a suspicion."""
-        if not isinstance(error, aiohttp.ClientConnectorError | UpstreamDown):
+    def _failed(self, error: BaseException, *, dial_reported: bool = False) -> UpstreamUnavailable:
+        """This request got no answer. A failed dial was already reported (by the connector,
+        or by the caller: ``dial_reported``); an established connection that broke only raises
+        a suspicion."""
+        if not dial_reported and not isinstance(error, aiohttp.ClientConnectorError | UpstreamDown):
             self._suspect(describe(error))
         return UpstreamUnavailable(
             f"the apiserver did not answer: {describe(error)}", retry_after=RETRY_AFTER
         )
+
+    def _timed_out(self, method: str, path_qs: str) -> UpstreamTimeout:
+        """No answer in time. One slow request is not an outage: it fails alone."""
+        self._suspect(f"{method} timed out")
+        self.metrics.upstream_errors.labels("timeout").inc()
+        return UpstreamTimeout(f"the apiserver did not answer {method} {path_qs} in time")
 
     def _unavailable(self) -> UpstreamUnavailable:
         """Refused locally while the upstream is known to be down: at once, with the cause."""
@@ -218,12 +225,7 @@ class Upstream:
                 self.metrics.throttled.labels("upstream").inc()
                 raise
             except TimeoutError:
-                # One slow request is not an outage: it fails alone.
-                self._suspect(f"{method} timed out")
-                self.metrics.upstream_errors.labels("timeout").inc()
-                raise UpstreamTimeout(
-                    f"the apiserver did not answer {method} {path_qs} in time"
-                ) from None
+                raise self._timed_out(method, path_qs) from None
             except aiohttp.ClientSSLError as exc:
                 self.metrics.upstream_errors.labels("tls").inc()
                 raise self._failed(exc) from None
@@ -282,15 +284,9 @@ class Upstream:
         except DialFailed as failed:
             self.metrics.upstream_errors.labels("connect").inc()
             self._dial_failed(failed.cause)
-            raise UpstreamUnavailable(
-                f"the apiserver did not answer: {describe(failed.cause)}", retry_after=RETRY_AFTER
-            ) from None
+            raise self._failed(failed.cause, dial_reported=True) from None
         except TimeoutError:
-            self._suspect(f"{method} upgrade timed out")
-            self.metrics.upstream_errors.labels("timeout").inc()
-            raise UpstreamTimeout(
-                f"the apiserver did not answer {method} {path_qs} in time"
-            ) from None
+            raise self._timed_out(method, path_qs) from None
         except (BadAnswer, OSError) as exc:
             self.metrics.upstream_errors.labels("connect").inc()
             raise self._failed(exc) from None
