@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import pytest
 
 from kubefake import FakeApiServer
 from watchproxy.app import Proxy
@@ -140,6 +141,18 @@ def versioned_kubectl(minor: int) -> str | None:
         return None
     beside = os.path.join(os.path.dirname(os.path.realpath(default)), name)
     return beside if os.access(beside, os.X_OK) else None
+
+
+def versioned_kubectl_or_skip(minor: int) -> str:
+    """:func:`versioned_kubectl`, or skip the test that needs it."""
+    found = versioned_kubectl(minor)
+    if found is None:
+        pytest.skip(f"kubectl.1.{minor} is not installed (the Google Cloud CLI ships it)")
+    return found
+
+
+# kubectl >= 1.30 execs over WebSocket unless this variable (a kubectl feature gate) says not to.
+SPDY_EXEC_ENV = {"KUBECTL_REMOTE_COMMAND_WEBSOCKETS": "false"}
 
 
 async def kubectl(

@@ -16,19 +16,17 @@ from typing import Any
 
 import pytest
 
-from tests.harness import Running, kubectl, running_proxy, versioned_kubectl
+from tests.harness import (
+    SPDY_EXEC_ENV,
+    Running,
+    kubectl,
+    running_proxy,
+    versioned_kubectl_or_skip,
+)
 
-# kubectl >= 1.30 execs over WebSocket unless told otherwise; this variable makes it use SPDY.
-SPDY_EXEC = {"KUBECTL_REMOTE_COMMAND_WEBSOCKETS": "false"}
+# kubectl >= 1.31 tunnels port-forward in WebSocket unless this variable says not to.
 SPDY_PORT_FORWARD = {"KUBECTL_PORT_FORWARD_WEBSOCKETS": "false"}
 FORWARDING = re.compile(r"Forwarding from 127\.0\.0\.1:(\d+) -> (\d+)")
-
-
-def binary(minor: int) -> str:
-    found = versioned_kubectl(minor)
-    if found is None:
-        pytest.skip(f"kubectl.1.{minor} is not installed (the Google Cloud CLI ships it)")
-    return found
 
 
 def make_pod(running: Running, name: str = "shell") -> None:
@@ -49,7 +47,7 @@ def upgrades_seen(running: Running, suffix: str) -> list[Any]:
 
 EXEC_PATHS = [
     pytest.param(27, {}, "SPDY/3.1", id="1.27-spdy"),
-    pytest.param(33, SPDY_EXEC, "SPDY/3.1", id="1.33-spdy"),
+    pytest.param(33, SPDY_EXEC_ENV, "SPDY/3.1", id="1.33-spdy"),
     pytest.param(33, {}, "websocket", id="1.33-websocket"),
 ]
 
@@ -58,7 +56,7 @@ EXEC_PATHS = [
 async def test_kubectl_exec_is_relayed(
     tmp_path: Any, minor: int, env: dict[str, str], protocol: str
 ) -> None:
-    kubectl_bin = binary(minor)
+    kubectl_bin = versioned_kubectl_or_skip(minor)
     async with running_proxy(tmp_path) as running:
         make_pod(running)
 
@@ -89,7 +87,7 @@ async def test_kubectl_exec_is_relayed(
 async def test_a_forbidden_exec_reaches_kubectl_as_the_apiservers_403(
     tmp_path: Any, minor: int, env: dict[str, str]
 ) -> None:
-    kubectl_bin = binary(minor)
+    kubectl_bin = versioned_kubectl_or_skip(minor)
     async with running_proxy(tmp_path) as running:
         make_pod(running)
         running.fake.faults.forbid("pods/exec")
@@ -152,7 +150,7 @@ async def echo_round_trip(port: int, payload: bytes) -> bytes:
 async def test_kubectl_port_forward_carries_tcp_streams(
     tmp_path: Any, minor: int, env: dict[str, str], protocol: str
 ) -> None:
-    kubectl_bin = binary(minor)
+    kubectl_bin = versioned_kubectl_or_skip(minor)
     async with running_proxy(tmp_path) as running:
         make_pod(running)
         async with port_forward(running, kubectl_bin, env) as port:

@@ -13,23 +13,16 @@ from typing import Any
 
 import pytest
 
-from tests.harness import kubectl, versioned_kubectl
+from tests.harness import SPDY_EXEC_ENV, kubectl, versioned_kubectl_or_skip
 from tests.realapi.fixture import RealApiServer
 from tests.realapi.kubeapi import Api
 from tests.realapi.test_real_apiserver import _token, _until_status, proxy
 
 PATHS = [
     pytest.param(27, {}, id="1.27-spdy"),
-    pytest.param(33, {"KUBECTL_REMOTE_COMMAND_WEBSOCKETS": "false"}, id="1.33-spdy"),
+    pytest.param(33, SPDY_EXEC_ENV, id="1.33-spdy"),
     pytest.param(33, {}, id="1.33-websocket"),
 ]
-
-
-def binary(minor: int) -> str:
-    found = versioned_kubectl(minor)
-    if found is None:
-        pytest.skip(f"kubectl.1.{minor} is not installed (the Google Cloud CLI ships it)")
-    return found
 
 
 async def nodeless_pod(direct: Api, namespace: str) -> None:
@@ -77,7 +70,7 @@ async def test_exec_refusals_reach_kubectl_as_direct(
     minor: int,
     env: dict[str, str],
 ) -> None:
-    kubectl_bin = binary(minor)
+    kubectl_bin = versioned_kubectl_or_skip(minor)
     await nodeless_pod(direct, namespace)
     token = await pod_reader(direct, namespace)
     args = ("exec", "-n", namespace, "shell", "--", "echo", "hi")
