@@ -30,10 +30,11 @@ LIVENESS_POLL_SECONDS = 5.0
 # about this many bytes. Mechanism of the old growth: it joined everything from its cursor to
 # the end into one write, a copy of up to the whole history per slow client, held while its
 # write waited on a client that had stopped reading (bench.backlog: 146 events, 1.5 MB, for one
-# stalled client at a 4 MiB budget). Initial syncs are written in such batches too. 64 KiB: each
-# batch is held about three times (joined, framed, in the transport's buffer) per syncing
-# client; 256 KiB made 20 concurrent syncs of 10,000 pods cost 18 MB, 64 KiB 8 MB, and 32 KiB
-# (6.5 MB) made them slower (bench.collection).
+# stalled client at a 4 MiB budget). Initial syncs are written in such chunks too, as
+# references to the shared lines (see _write_initial). 64 KiB: when initial batches were still
+# joined and framed, each was held about three times per syncing client; 256 KiB made 20
+# concurrent syncs of 10,000 pods cost 18 MB, 64 KiB 8 MB, and 32 KiB (6.5 MB) made them slower
+# (bench.collection).
 WRITE_BATCH_BYTES = 64 * 1024
 
 

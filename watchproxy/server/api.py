@@ -288,7 +288,9 @@ class ApiHandler:
         if verb == "list" and hub is not None and query is not None:
             cached = hub.serve_list(request, api_path, query)
             if cached is None and self.consistent_lists is not None and request.method == "GET":
-                cached = await self.consistent_lists.serve(request, api_path, query)
+                # Its probe is charged like a batched LIST: to the client that starts it.
+                with flow(self._flow_of(request)):
+                    cached = await self.consistent_lists.serve(request, api_path, query)
             if cached is not None:
                 return verb, cached
         # A negative timeoutSeconds is valid and ends the watch at once: the apiserver's call.
