@@ -5,8 +5,9 @@
 
 Four kinds of OS process, each with its own uvloop event loop (see bench/README.md):
 ``bench.fake`` (fake apiserver + generator), ``bench.proxy`` (watchproxy),
-``bench.ceiling`` (raw broadcast), ``bench.subscribers`` (the N clients, one process per cell
-or ``--sub-procs`` of them). For every phase, subscriber count and mode (direct, proxy,
+``bench.ceiling`` (raw broadcast), and the N clients: ``bench/gosub`` (Go, the default) or
+``bench.subscribers`` (Python, ``--sub-impl python``), one process per cell or ``--sub-procs``
+of them. For every phase, subscriber count and mode (direct, proxy,
 ceiling) one *cell* runs: the clients connect at the store's current RV, the generator writes
 ``--events`` stamped modifications (paced at ``--rate``/s, or as fast as it can in ``max``),
 the clients drain, and the cell reports throughput, latency percentiles and any loss.
@@ -27,7 +28,10 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+from bench.gobuild import gosub_binary
 
 MODES = ("direct", "proxy", "kubectl", "ceiling")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -47,12 +51,12 @@ class Child:
         self.cpu_pid: int | None = None  # whose CPU to read, when not the role process's own
 
     async def start(self, module: str, *args: str, timeout: float = 60.0) -> dict[str, Any]:
+        return await self.start_program(sys.executable, "-m", module, *args, timeout=timeout)
+
+    async def start_program(self, *argv: str, timeout: float = 60.0) -> dict[str, Any]:
         with open(self.log_path, "ab") as log:
             self.process = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                module,
-                *args,
+                *argv,
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=log,
@@ -170,9 +174,12 @@ class Bench:
         self.fake_info: dict[str, Any] = {}
         self.urls: dict[str, str] = {}
         self.cell_no = 0
+        self.gosub: Path | None = None  # the Go subscribers' binary (--sub-impl go)
 
     async def start(self) -> None:
         a = self.args
+        if a.sub_impl == "go":
+            self.gosub = await asyncio.to_thread(gosub_binary)
         fake_args = ["--dir", self.workdir, "--objects", str(a.objects)]
         fake_args += ["--object-bytes", str(a.object_bytes)]
         if a.no_tls:
@@ -254,7 +261,10 @@ class Bench:
                     if not a.no_tls:
                         sub_args += ["--ca", self.fake_info["ca"]]
                 subs.append((child, out))
-                starts.append(child.start("bench.subscribers", *sub_args, timeout=90))
+                if self.gosub is not None:
+                    starts.append(child.start_program(str(self.gosub), *sub_args, timeout=90))
+                else:
+                    starts.append(child.start("bench.subscribers", *sub_args, timeout=90))
             for ready in await asyncio.gather(*starts):
                 cell.connect_failures += ready["failed"]
             await asyncio.sleep(0.2)  # let the last subscriptions settle before the first event
@@ -444,6 +454,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--objects", type=int, default=50, help="configmaps the generator edits")
     parser.add_argument("--object-bytes", type=int, default=1024, help="approximate event size")
     parser.add_argument("--sub-procs", type=int, default=1, help="subscriber processes per cell")
+    parser.add_argument(
+        "--sub-impl",
+        choices=("go", "python"),
+        default="go",
+        help="subscribers in Go (bench/gosub, cheap) or Python (bench.subscribers)",
+    )
     parser.add_argument("--no-tls", action="store_true", help="fake apiserver without TLS")
     parser.add_argument(
         "--upstream",

@@ -11,13 +11,27 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from bench.gobuild import gosub_binary
+from tests.clients.build import ToolchainMissing
+from tests.clients.build_rust_node import on_ci
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_fanout_benchmark_runs_and_loses_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sub_impl", ["go", "python"])
+def test_fanout_benchmark_runs_and_loses_nothing(tmp_path: Path, sub_impl: str) -> None:
+    if sub_impl == "go":
+        try:
+            gosub_binary()
+        except ToolchainMissing as exc:
+            if on_ci():
+                pytest.fail(f"{exc} (CI=true: a missing toolchain is a failure)")
+            pytest.skip(str(exc))
     out = tmp_path / "fanout.json"
     command = [sys.executable, "-m", "bench.fanout", "--quick", "--subscribers", "1,5"]
-    command += ["--events", "50", "--rate", "200", "--json", str(out)]
+    command += ["--events", "50", "--rate", "200", "--json", str(out), "--sub-impl", sub_impl]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
         command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=90, check=False

@@ -1,0 +1,3 @@
+module watchproxy.bench/gosub
+
+go 1.25.0
