@@ -34,10 +34,11 @@ def _wake(waiter: asyncio.Future[None]) -> None:
 class LiveCursor:
     """One subscriber's position while the fan-out writes for it."""
 
-    __slots__ = ("cursor", "min_rv", "paused", "sink", "start_rv", "waiter")
+    __slots__ = ("cursor", "min_rv", "paused", "send_framed", "sink", "start_rv", "waiter")
 
     def __init__(self, sink: WatchSink, cursor: int, start_rv: int, min_rv: int) -> None:
         self.sink = sink
+        self.send_framed = sink.send_framed  # bound once: the pass calls it per event
         self.cursor = cursor
         self.start_rv = start_rv
         self.min_rv = min_rv
@@ -117,22 +118,28 @@ class Fanout:
             cursor = events[-1].seq + 1
             if events[-1].rv > min_rv:
                 min_rv = -1  # RVs never decrease: nothing later can be below it
-            kept: dict[LiveCursor, None] = {}
             if lines:
                 payload = b"".join(lines)
                 framed = next(iter(group)).sink.frame(payload)
+                # The loop runs once per subscriber per pass: the hottest Python in the proxy
+                # (500 subscribers at 100 events/s are 50,000 iterations a second), so it does
+                # only the write and the position; the rare kick leaves the group afterwards.
+                reached = len(group)
+                full: list[LiveCursor] = []
                 for live in group:
                     live.cursor = cursor
                     live.min_rv = min_rv
-                    if live.sink.send_framed(framed):
-                        kept[live] = None
-                    else:
-                        live.paused = True
-                        self._kick(live)
+                    if not live.send_framed(framed):
+                        full.append(live)
+                for live in full:
+                    del group[live]
+                    live.paused = True
+                    self._kick(live)
+                kept = group
                 # Counted per group: lines reached every sink, kicked ones included (their
                 # transports hold them; a gone client is counted as aiohttp would have).
-                self._sent.inc(len(lines) * len(group))
-                self._bytes.inc(len(payload) * len(group))
+                self._sent.inc(len(lines) * reached)
+                self._bytes.inc(len(payload) * reached)
             else:
                 for live in group:
                     live.cursor = cursor

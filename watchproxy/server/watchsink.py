@@ -39,11 +39,15 @@ class ResponseSink:
         self._writer = writer
         transport = request.transport
         self._high = transport.get_write_buffer_limits()[1] if transport is not None else 0
+        # Kept for send_framed, the fan-out's per-event call (``request.transport`` is a
+        # property lookup). aiohttp drops the request's reference when the connection is lost;
+        # this one then answers is_closing() True, which is all send_framed asks of it.
+        self._transport = transport
 
     frame = staticmethod(chunk)
 
     def send_framed(self, framed: bytes) -> bool:
-        transport = self._request.transport
+        transport = self._transport
         if transport is None or transport.is_closing():
             return False
         transport.write(framed)
