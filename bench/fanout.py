@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import math
 import os
 import platform
 import shlex
+import statistics
 import sys
 import tempfile
 import time
@@ -31,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.gobuild import gosub_binary
+from bench.gobuild import go_binary, gosub_binary
 
 MODES = ("direct", "proxy", "kubectl", "ceiling")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -142,6 +144,7 @@ class Cell:
     p99_ms: float = 0.0
     max_ms: float = 0.0
     generator_late_ms: float = 0.0
+    round: int = 0  # which of --repeat's rounds (their modes interleave, so drift hits all)
     cpu_seconds: dict[str, float] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
 
@@ -171,6 +174,7 @@ class Bench:
         self.proxy = Child("proxy", workdir)
         self.ceiling = Child("ceiling", workdir)
         self.kubectl = Child("kubectl", workdir)
+        self.relay = Child("relay", workdir)  # kubectl proxy's upstream with --kubectl-via-relay
         self.fake_info: dict[str, Any] = {}
         self.urls: dict[str, str] = {}
         self.cell_no = 0
@@ -208,15 +212,52 @@ class Bench:
             "ceiling": f"http://127.0.0.1:{ceiling_info['port']}{path}",
         }
         if "kubectl" in a.modes:
-            kubectl_args = ["--kubeconfig", self.fake_info["kubeconfig"]]
+            kubeconfig = self.fake_info["kubeconfig"]
+            if a.kubectl_via_relay:
+                kubeconfig = await self._start_relay()
+            kubectl_args = ["--kubeconfig", kubeconfig]
             kubectl_info = await self.kubectl.start("bench.kubectlproxy", *kubectl_args)
             self.kubectl.cpu_pid = kubectl_info["pid"]
             self.urls["kubectl"] = f"http://127.0.0.1:{kubectl_info['port']}{path}"
+
+    async def _start_relay(self) -> str:
+        """bench/gobroadcast between kubectl proxy and the apiserver; its kubeconfig's path.
+
+        The relay keeps one watch on the apiserver and writes it to all of kubectl proxy's
+        watches over TLS and HTTP/2, as the apiserver's watch cache would: kubectl proxy then
+        does a pod's work with the CPU to do it (see bench/README.md)."""
+        binary = await asyncio.to_thread(go_binary, "gobroadcast")
+        args = ["--upstream", self.fake_info["url"], "--token", self.fake_info["token"]]
+        args += ["--dir", self.workdir]
+        if not self.args.no_tls:
+            args += ["--ca", self.fake_info["ca"]]
+        info = await self.relay.start_program(str(binary), *args)
+        path = os.path.join(self.workdir, "relay.kubeconfig")
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "relay",
+                    "cluster": {
+                        "server": f"https://127.0.0.1:{info['port']}",
+                        "certificate-authority": info["ca"],
+                    },
+                }
+            ],
+            "users": [{"name": "bench", "user": {"token": self.fake_info["token"]}}],
+            "contexts": [{"name": "relay", "context": {"cluster": "relay", "user": "bench"}}],
+            "current-context": "relay",
+        }
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump(config, handle)  # JSON is YAML: kubectl reads it
+        return path
 
     async def stop(self) -> None:
         await asyncio.gather(
             self.ceiling.stop(), self.proxy.stop(), self.kubectl.stop(), return_exceptions=True
         )
+        await self.relay.stop()
         await self.fake.stop()
 
     async def _quiet_upstream(self) -> dict[str, Any]:
@@ -293,6 +334,7 @@ class Bench:
         return {
             "fake": self.fake.cpu_seconds(),
             "server": server.cpu_seconds() if server is not None else 0.0,
+            "relay": self.relay.cpu_seconds() if mode == "kubectl" else 0.0,
         }
 
     def _collect(self, cell: Cell, outs: list[str], gen: dict[str, Any]) -> None:
@@ -331,10 +373,12 @@ def _cpu_text(c: Cell) -> str:
     """CPU used by each process as a share of the cell's wall time (100 = one whole core)."""
     if c.seconds <= 0:
         return "-"
-    return "/".join(
+    text = "/".join(
         f"{100 * c.cpu_seconds.get(k, 0) / c.seconds:.0f}"
         for k in ("fake", "server", "subscribers")
     )
+    relay = c.cpu_seconds.get("relay", 0)
+    return f"{text} +{100 * relay / c.seconds:.0f} relay" if relay else text
 
 
 def server_us_per_event(c: Cell) -> float | None:
@@ -349,28 +393,50 @@ def _per_event(c: Cell) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
+def _cell_ratios(c: Cell, kubectl: Cell | None, ceiling: Cell | None) -> dict[str, float]:
+    found: dict[str, float] = {}
+    if kubectl is not None and kubectl.p99_ms > 0 and kubectl.seconds > 0 and c.seconds > 0:
+        found["p99 vs kubectl proxy"] = c.p99_ms / kubectl.p99_ms
+        cpu_k = kubectl.cpu_seconds.get("server", 0.0) / kubectl.seconds
+        if cpu_k > 0:
+            found["CPU vs kubectl proxy"] = c.cpu_seconds.get("server", 0.0) / c.seconds / cpu_k
+    mine, floor = server_us_per_event(c), ceiling and server_us_per_event(ceiling)
+    if mine is not None and floor:
+        found["CPU/event vs raw-write ceiling"] = mine / floor
+    return found
+
+
 def ratios(cells: list[Cell]) -> list[str]:
-    """Issue 13's "done when" figures, per phase and count, where the cells to compare ran."""
+    """Issue 13's "done when" figures, per phase, count and round where the cells to compare
+    ran, and their medians over the rounds when there are several."""
     out: list[str] = []
-    by_key = {(c.phase, c.subscribers, c.mode): c for c in cells}
-    for (phase, count, mode), c in by_key.items():
+    by_key = {(c.phase, c.subscribers, c.mode, c.round): c for c in cells}
+    rounds: dict[tuple[str, int], list[dict[str, float]]] = {}
+    for (phase, count, mode, round_no), c in by_key.items():
         if mode != "proxy":
             continue
-        kubectl = by_key.get((phase, count, "kubectl"))
-        ceiling = by_key.get((phase, count, "ceiling"))
-        parts = []
-        if kubectl is not None and kubectl.p99_ms > 0 and kubectl.seconds > 0:
-            cpu_k = kubectl.cpu_seconds.get("server", 0.0) / kubectl.seconds
-            cpu_p = c.cpu_seconds.get("server", 0.0) / c.seconds if c.seconds else 0.0
-            parts.append(f"p99 {c.p99_ms / kubectl.p99_ms:.2f}x kubectl proxy")
-            if cpu_k > 0:
-                parts.append(f"CPU {cpu_p / cpu_k:.2f}x kubectl proxy")
-        mine, floor = server_us_per_event(c), ceiling and server_us_per_event(ceiling)
-        if mine is not None and floor:
-            parts.append(f"CPU/event {mine / floor:.2f}x raw-write ceiling")
-        if parts:
-            out.append(f"{phase} {count:>5}: watchproxy " + ", ".join(parts))
+        kubectl = by_key.get((phase, count, "kubectl", round_no))
+        ceiling = by_key.get((phase, count, "ceiling", round_no))
+        found = _cell_ratios(c, kubectl, ceiling)
+        if found:
+            rounds.setdefault((phase, count), []).append(found)
+            text = ", ".join(f"{name} {value:.2f}x" for name, value in found.items())
+            out.append(f"{phase} {count:>5}{_round_tag(c)}: watchproxy {text}")
+    for (phase, count), found_list in rounds.items():
+        if len(found_list) < 2:
+            continue
+        names = dict.fromkeys(name for found in found_list for name in found)
+        medians = {
+            name: statistics.median(found[name] for found in found_list if name in found)
+            for name in names
+        }
+        text = ", ".join(f"{name} {value:.2f}x" for name, value in medians.items())
+        out.append(f"{phase} {count:>5} median of {len(found_list)} rounds: watchproxy {text}")
     return out
+
+
+def _round_tag(c: Cell) -> str:
+    return f" #{c.round + 1}" if c.round else ""
 
 
 def saturated(c: Cell) -> bool:
@@ -381,7 +447,7 @@ def saturated(c: Cell) -> bool:
 def render(cells: list[Cell]) -> str:
     """One table per phase: subscribers x mode, with proxy and ceiling compared to direct."""
     lines: list[str] = []
-    by_key = {(c.phase, c.subscribers, c.mode): c for c in cells}
+    by_key = {(c.phase, c.subscribers, c.mode, c.round): c for c in cells}
     for phase in dict.fromkeys(c.phase for c in cells):
         some = next(c for c in cells if c.phase == phase)
         if phase == "paced":
@@ -392,16 +458,17 @@ def render(cells: list[Cell]) -> str:
                 "(latency = queueing of the burst; compare throughput only)"
             )
         header = (
-            f"{'subs':>5} {'mode':<8} {'upW':>4} {'events/s':>9} {'per sub':>8} "
+            f"{'subs':>5} {'mode':<11} {'upW':>4} {'events/s':>9} {'per sub':>8} "
             f"{'p50 ms':>8} {'p99 ms':>8} {'+p50 ms':>8} {'+p99 ms':>8} {'/ceil':>5} "
             f"{'lost':>4} {'srv us/ev':>9}  cpu% fake/srv/subs"
         )
         lines += [header, "-" * len(header)]
-        for count in dict.fromkeys(c.subscribers for c in cells if c.phase == phase):
-            direct = by_key.get((phase, count, "direct"))
-            ceiling = by_key.get((phase, count, "ceiling"))
+        blocks = dict.fromkeys((c.subscribers, c.round) for c in cells if c.phase == phase)
+        for count, round_no in blocks:
+            direct = by_key.get((phase, count, "direct", round_no))
+            ceiling = by_key.get((phase, count, "ceiling", round_no))
             for mode in MODES:
-                c = by_key.get((phase, count, mode))
+                c = by_key.get((phase, count, mode, round_no))
                 if c is None:
                     continue
                 added50 = added99 = "-"
@@ -413,8 +480,9 @@ def render(cells: list[Cell]) -> str:
                     ratio = f"{c.events_per_s / ceiling.events_per_s:.2f}"
                 lost = str(c.faults) + ("!" if c.errors else "")
                 flag = " *" if saturated(c) else ""
+                mode_text = f"{c.mode}{_round_tag(c)}"
                 lines.append(
-                    f"{c.subscribers:>5} {c.mode:<8} {c.upstream_watches:>4} "
+                    f"{c.subscribers:>5} {mode_text:<11} {c.upstream_watches:>4} "
                     f"{c.events_per_s:>9.0f} {c.events_per_s_per_sub:>8.1f} "
                     f"{c.p50_ms:>8.2f} {c.p99_ms:>8.2f} {added50:>8} {added99:>8} {ratio:>5} "
                     f"{lost:>4} {_per_event(c):>9}  {_cpu_text(c)}{flag}"
@@ -451,6 +519,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--quick", action="store_true", help="1,10,100 subscribers, 150 events at 100/s (< 60 s)"
     )
     parser.add_argument("--json", default="", help="also write every cell to this file")
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="rounds of each count's modes, interleaved"
+    )
     parser.add_argument("--objects", type=int, default=50, help="configmaps the generator edits")
     parser.add_argument("--object-bytes", type=int, default=1024, help="approximate event size")
     parser.add_argument("--sub-procs", type=int, default=1, help="subscriber processes per cell")
@@ -459,6 +530,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         choices=("go", "python"),
         default="go",
         help="subscribers in Go (bench/gosub, cheap) or Python (bench.subscribers)",
+    )
+    parser.add_argument(
+        "--kubectl-via-relay",
+        action="store_true",
+        help="kubectl proxy's upstream is bench/gobroadcast (one apiserver watch, TLS + HTTP/2)",
     )
     parser.add_argument("--no-tls", action="store_true", help="fake apiserver without TLS")
     parser.add_argument(
@@ -486,6 +562,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.profile_proxy = os.path.abspath(args.profile_proxy)
     if not all(p in ("paced", "max") for p in args.phases):
         parser.error("--phases takes paced and/or max")
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
     if min(args.subscribers) < 1 or args.events < 1 or args.max_events < 1 or args.rate <= 0:
         parser.error("subscriber counts and --events must be positive")
     return args
@@ -509,9 +587,10 @@ async def run(args: argparse.Namespace, argv: list[str]) -> list[Cell]:
             await bench.start()
             for phase in args.phases:
                 for count in args.subscribers:
-                    for mode in args.modes:
+                    for round_no, mode in itertools.product(range(args.repeat), args.modes):
                         cell_start = time.monotonic()
                         cell = await bench.run_cell(phase, count, mode)
+                        cell.round = round_no
                         cells.append(cell)
                         print(
                             f"  [{time.monotonic() - cell_start:4.1f}s] "

@@ -1,0 +1,3 @@
+module watchproxy.bench/gobroadcast
+
+go 1.25.0
