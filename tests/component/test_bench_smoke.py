@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.gobuild import gosub_binary
+from bench.gobuild import go_binary, gosub_binary
 from tests.clients.build import ToolchainMissing
 from tests.clients.build_rust_node import on_ci
 
@@ -53,6 +53,32 @@ def test_fanout_benchmark_runs_and_loses_nothing(tmp_path: Path, sub_impl: str) 
     assert by_mode[("max", 5, "proxy")]["upstream_watches"] == 1
     assert by_mode[("max", 5, "ceiling")]["upstream_watches"] == 1
     assert by_mode[("max", 5, "direct")]["upstream_watches"] == 5
+
+
+def test_kubectl_proxy_behind_the_tls_relay_gets_every_event(tmp_path: Path) -> None:
+    """bench/gobroadcast: kubectl proxy's watches share the relay's one upstream watch."""
+    try:
+        go_binary("gobroadcast")
+        gosub_binary()
+    except ToolchainMissing as exc:
+        if on_ci():
+            pytest.fail(f"{exc} (CI=true: a missing toolchain is a failure)")
+        pytest.skip(str(exc))
+    out = tmp_path / "relay.json"
+    command = [sys.executable, "-m", "bench.fanout", "--quick", "--subscribers", "1,5"]
+    command += ["--phases", "paced", "--events", "50", "--rate", "200", "--modes", "kubectl"]
+    command += ["--kubectl-via-relay", "--json", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=90, check=False
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    cells = json.loads(out.read_text())["cells"]
+    assert [(c["subscribers"], c["mode"]) for c in cells] == [(1, "kubectl"), (5, "kubectl")]
+    for cell in cells:
+        assert cell["faults"] == 0 and not cell["errors"], cell
+        assert cell["delivered"] == cell["events"] * cell["subscribers"], cell
+        assert cell["upstream_watches"] == 1, cell  # the relay's, however many kubectl opened
 
 
 def test_outage_comparison_runs_and_loses_nothing() -> None:
