@@ -55,10 +55,13 @@ class Child:
     async def start(self, module: str, *args: str, timeout: float = 60.0) -> dict[str, Any]:
         return await self.start_program(sys.executable, "-m", module, *args, timeout=timeout)
 
-    async def start_program(self, *argv: str, timeout: float = 60.0) -> dict[str, Any]:
+    async def start_program(
+        self, *argv: str, timeout: float = 60.0, env: dict[str, str] | None = None
+    ) -> dict[str, Any]:
         with open(self.log_path, "ab") as log:
             self.process = await asyncio.create_subprocess_exec(
                 *argv,
+                env=None if env is None else {**os.environ, **env},
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=log,
@@ -303,7 +306,12 @@ class Bench:
                         sub_args += ["--ca", self.fake_info["ca"]]
                 subs.append((child, out))
                 if self.gosub is not None:
-                    starts.append(child.start_program(str(self.gosub), *sub_args, timeout=90))
+                    # One OS thread per process: Go's scheduler hand-offs cost more than they
+                    # give to a process that only reads sockets (--sub-procs adds processes).
+                    threads = {"GOMAXPROCS": os.environ.get("GOMAXPROCS", "1")}
+                    starts.append(
+                        child.start_program(str(self.gosub), *sub_args, timeout=90, env=threads)
+                    )
                 else:
                     starts.append(child.start("bench.subscribers", *sub_args, timeout=90))
             for ready in await asyncio.gather(*starts):
