@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from .errors import BadRequest, Expired, Invalid
 from .selectors import Filter
-from .store import Key, Obj, Store
+from .store import Key, Obj, Store, etcd_order
 
 
 @dataclass(frozen=True)
@@ -85,9 +85,10 @@ def list_objects(
                 raise Invalid('resourceVersionMatch "exact" is forbidden for resourceVersion "0"')
             at = rv
     objects, snap_rv = store.snapshot(resource, at)
-    ordered = sorted(objects)
+    ordered = sorted(objects, key=etcd_order)
     if start is not None:
-        ordered = ordered[bisect.bisect_right(ordered, start) :]
+        after = etcd_order(start)
+        ordered = ordered[bisect.bisect_right([etcd_order(k) for k in ordered], after) :]
     if flt.labels.requirements or flt.fields.requirements:
         keys = [k for k in ordered if flt.matches(objects[k])]
     else:  # no selector: the key's namespace decides (the apiserver's cache lists in O(page))

@@ -24,6 +24,13 @@ from .resources import RESOURCES, ResourceType
 Obj = dict[str, Any]
 Key = tuple[str, str]  # (namespace or "", name)
 
+
+def etcd_order(key: Key) -> str:
+    """The key as etcd sorts it: the bytes of "namespace/name" ("name" when cluster-scoped).
+    Not the tuple's order: "a-b/x" comes before "a/x", because "-" sorts before "/"."""
+    return f"{key[0]}/{key[1]}" if key[0] else key[1]
+
+
 _NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"
 
 
@@ -146,7 +153,7 @@ class Store:
 
     def _sorted(self, resource: str, namespace: str | None) -> Iterator[tuple[Key, Obj]]:
         objects = self._objects[_rt(resource).name]
-        for key in sorted(objects):
+        for key in sorted(objects, key=etcd_order):
             if namespace is None or key[0] == namespace:
                 yield key, objects[key]
 

@@ -19,7 +19,7 @@ from .listing import parse_rv
 from .options import ListOptions
 from .resources import ResourceType
 from .selectors import Filter
-from .store import Change, Obj
+from .store import Change, Obj, etcd_order
 from .table import METADATA, TABLE, Representation, partial_metadata, to_table
 
 INITIAL_EVENTS_END = "k8s.io/initial-events-end"
@@ -161,7 +161,9 @@ async def serve_watch(
             if initial_events:
                 objects, last_rv = ctx.store.snapshot(rt.name)
                 initial = [
-                    ("ADDED", objects[k]) for k in sorted(objects) if flt.matches(objects[k])
+                    ("ADDED", objects[k])
+                    for k in sorted(objects, key=etcd_order)
+                    if flt.matches(objects[k])
                 ]
             elif opts.rv is None:
                 last_rv = ctx.store.resource_version

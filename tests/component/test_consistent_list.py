@@ -242,3 +242,30 @@ async def test_a_namespaced_list_is_answered_from_a_cluster_wide_watch(tmp_path:
         assert versions(body["items"]) == versions(store.list("pods", "other"))
         lists = [r for r in running.fake.stats.requests if r.path == other and not r.watch]
         assert [r.query_string for r in lists] == ["limit=1", "limit=1"]  # probes only
+
+
+async def test_hub_lists_come_in_the_apiservers_key_order(tmp_path: Any) -> None:
+    """By "namespace/name" bytes, as etcd sorts: "a-b/x" before "a/x" ("-" sorts before "/"),
+    and objects created after the watch synced in their place, not at the end."""
+    everywhere = "/api/v1/pods"
+    async with running_proxy(tmp_path, PATIENT) as running, aiohttp.ClientSession() as session:
+        store = running.fake.store
+        for namespace in ("a", "a-b", "a.b", "a0"):
+            store.create("namespaces", None, {"metadata": {"name": namespace}})
+        store.create("pods", "a", pod("m"))
+        async with watching(running, session, path=everywhere), writing(running):
+            for namespace, name in (("a0", "z"), ("a", "b"), ("a-b", "y"), ("a.b", "c")):
+                store.create("pods", namespace, pod(name))
+            consistent = await get(session, running.url + everywhere)
+            cached = await get(session, running.url + everywhere + "?resourceVersion=0")
+            assert outcome(running, "hub") == 1
+        oracle = await get(session, running.url + everywhere)  # no watch left: the fake's
+
+    def keys(body: dict[str, Any]) -> list[str]:
+        return [f"{i['metadata']['namespace']}/{i['metadata']['name']}" for i in body["items"]]
+
+    ours = [k for k in keys(consistent) if not k.startswith("default/")]
+    assert ours == ["a-b/y", "a.b/c", "a/b", "a/m", "a0/z"]
+    seen = set(keys(consistent))  # the pods written later are in the oracle only
+    assert [k for k in keys(oracle) if k in seen] == keys(consistent)
+    assert [k for k in keys(cached) if not k.startswith("default/")] == ours

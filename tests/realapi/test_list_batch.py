@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -151,3 +152,34 @@ async def test_a_namespaced_list_is_answered_from_a_cluster_wide_watch(
     truth = {i["metadata"]["name"]: i["metadata"]["resourceVersion"] for i in oracle["items"]}
     assert as_seen == truth
     assert served == 1
+
+
+async def test_lists_from_the_hub_are_in_the_apiservers_key_order(
+    tmp_path: Path, real_apiserver: RealApiServer, direct: Api, namespace: str
+) -> None:
+    """Objects created after the shared watch synced come in the apiserver's order (by key),
+    not in the order the watch learned them: ``kubectl get`` prints what the LIST returns."""
+    cms = f"/api/v1/namespaces/{namespace}/configmaps"
+    await direct.ok("POST", cms, body=configmap("m-first"))
+    async with (
+        proxy(tmp_path, real_apiserver) as (running, via),
+        via.watch(f"{cms}?watch=1") as watch,
+    ):
+        metrics = running.proxy.metrics.registry
+        await watch.wait_for(lambda events: len(events) >= 1, what="the initial configmap")
+        for name in ("zeta", "alpha", "m-mid", "beta"):  # not in key order
+            await direct.ok("POST", cms, body=configmap(name))
+        await watch.wait_for(lambda events: len(events) >= 5, what="the new configmaps")
+        consistent = await via.ok("GET", cms)
+        from_cache = await via.ok("GET", f"{cms}?resourceVersion=0")
+        oracle = await direct.ok("GET", cms)
+        oracle_cache = await direct.ok("GET", f"{cms}?resourceVersion=0")
+        served = metrics.get_sample_value("watchproxy_consistent_lists_total", {"outcome": "hub"})
+
+    def names(body: dict[str, Any]) -> list[str]:
+        return [i["metadata"]["name"] for i in body["items"]]
+
+    assert served == 1
+    assert names(oracle) == sorted(names(oracle))  # the apiserver's order is the keys'
+    assert names(consistent) == names(oracle)
+    assert names(from_cache) == names(oracle_cache) == names(oracle)

@@ -9,6 +9,7 @@ them; nothing here parses an object back except :meth:`CacheState.object_of`. Pu
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -55,6 +56,11 @@ class CacheState:
         # added_lines() of the current objects, until they change: concurrent initial syncs
         # of one state share one list (10,000 references are 80 KB per syncing client).
         self._lines: list[bytes] | None = None
+        # The keys in the apiserver's order: etcd and the apiserver's watch cache list by key,
+        # and ``kubectl get`` prints what the LIST returns (insertion order put the objects
+        # created after the sync at the end). Sorted on first use after a relist, then kept
+        # by insertion and removal (a memmove, not a sort, per object added or deleted).
+        self._order: list[str] | None = None
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -70,6 +76,7 @@ class CacheState:
 
     def reset(self, entries: dict[str, Entry]) -> None:
         self._lines = None
+        self._order = None
         self._entries = entries
         self.bytes = sum(entry.size for entry in entries.values())
 
@@ -77,6 +84,8 @@ class CacheState:
         self._lines = None
         old = self._entries.get(key)
         self._entries[key] = entry
+        if old is None and self._order is not None:
+            bisect.insort(self._order, key)
         self.bytes += entry.size - (old.size if old is not None else 0)
 
     def keep(self, key: str, event_type: str, obj: Obj, line: bytes, rv: int) -> None:
@@ -87,6 +96,8 @@ class CacheState:
         self._lines = None
         old = self._entries.pop(key, None)
         if old is not None:
+            if self._order is not None:
+                del self._order[bisect.bisect_left(self._order, key)]
             self.bytes -= old.size
         return old
 
@@ -107,21 +118,33 @@ class CacheState:
         return self._rep.kept_object(entry.kept)
 
     def objects(self) -> list[Obj]:
-        """The current objects (watch-event form; do not mutate them)."""
-        return [self._rep.kept_object(entry.kept) for entry in self._entries.values()]
+        """The current objects in key order (watch-event form; do not mutate them)."""
+        return [self._rep.kept_object(self._entries[key].kept) for key in self.ordered_keys()]
+
+    def ordered_keys(self) -> Sequence[str]:
+        """Every key, sorted as etcd sorts them (bytes of "namespace/name"; the keys are
+        ASCII, where code points and bytes sort alike). Read-only, and only until the next
+        change: the list is updated in place."""
+        if self._order is None:
+            self._order = sorted(self._entries)
+        return self._order
+
+    def _namespace_keys(self, namespace: str) -> Sequence[str]:
+        """The keys of ``namespace``'s objects: one contiguous run of the sorted keys."""
+        order = self.ordered_keys()
+        prefix = namespace + "/"
+        start = bisect.bisect_left(order, prefix)
+        return order[start : bisect.bisect_left(order, namespace + "0", start)]  # "0" follows "/"
 
     def list_body(self, rv: str, namespace: str | None = None) -> bytes:
-        """A LIST response body of the current objects at ``rv`` (those of ``namespace``
-        only, when given: keys of namespaced objects start with it and a slash)."""
-        if namespace is None:
-            return self._rep.encode_kept_list([e.kept for e in self._entries.values()], rv)
-        prefix = namespace + "/"
-        kept = [e.kept for key, e in self._entries.items() if key.startswith(prefix)]
-        return self._rep.encode_kept_list(kept, rv)
+        """A LIST response body of the current objects at ``rv``, in key order (those of
+        ``namespace`` only, when given: keys of namespaced objects start with it and a slash)."""
+        keys = self.ordered_keys() if namespace is None else self._namespace_keys(namespace)
+        entries = self._entries
+        return self._rep.encode_kept_list([entries[key].kept for key in keys], rv)
 
     def count_in(self, namespace: str) -> int:
-        prefix = namespace + "/"
-        return sum(1 for key in self._entries if key.startswith(prefix))
+        return len(self._namespace_keys(namespace))
 
     def added_lines(self) -> Sequence[bytes]:
         """An ADDED line per object (the start of a watch without a resourceVersion); shared
@@ -129,7 +152,9 @@ class CacheState:
         if self._lines is not None:
             return self._lines
         lines: list[bytes] = []
-        for entry in self._entries.values():
+        entries = self._entries
+        for key in self.ordered_keys():  # the apiserver sends initial events in key order too
+            entry = entries[key]
             line = self._rep.kept_added_line(entry.kept) or entry.added_line
             if line is None:
                 line = entry.added_line = self._rep.encode_event(ADDED, entry.kept)
