@@ -8,11 +8,14 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.realapi.fixture import RealApiServer
 from tests.realapi.kubeapi import Api
 from tests.realapi.test_real_apiserver import configmap, proxy
+
+TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
 
 
 async def apiserver_lists(direct: Api, resource: str) -> float:
@@ -154,32 +157,48 @@ async def test_a_namespaced_list_is_answered_from_a_cluster_wide_watch(
     assert served == 1
 
 
-async def test_lists_from_the_hub_are_in_the_apiservers_key_order(
-    tmp_path: Path, real_apiserver: RealApiServer, direct: Api, namespace: str
+@pytest.mark.parametrize("accept", ["application/json", TABLE])
+async def test_lists_from_the_hub_equal_the_apiservers_in_body_and_order(
+    tmp_path: Path, real_apiserver: RealApiServer, direct: Api, namespace: str, accept: str
 ) -> None:
-    """Objects created after the shared watch synced come in the apiserver's order (by key),
-    not in the order the watch learned them: ``kubectl get`` prints what the LIST returns."""
+    """A consistent and a resourceVersion=0 LIST answered by the hub are the apiserver's own
+    answers, byte for byte once parsed (a Table's Age cells aside: the apiserver computes them
+    per request), with the objects created after the watch synced in key order: ``kubectl get``
+    prints what the LIST returns."""
     cms = f"/api/v1/namespaces/{namespace}/configmaps"
+    headers = {"Accept": accept}
     await direct.ok("POST", cms, body=configmap("m-first"))
     async with (
         proxy(tmp_path, real_apiserver) as (running, via),
-        via.watch(f"{cms}?watch=1") as watch,
+        via.watch(f"{cms}?watch=1", headers=headers) as watch,
     ):
         metrics = running.proxy.metrics.registry
         await watch.wait_for(lambda events: len(events) >= 1, what="the initial configmap")
         for name in ("zeta", "alpha", "m-mid", "beta"):  # not in key order
             await direct.ok("POST", cms, body=configmap(name))
-        await watch.wait_for(lambda events: len(events) >= 5, what="the new configmaps")
-        consistent = await via.ok("GET", cms)
-        from_cache = await via.ok("GET", f"{cms}?resourceVersion=0")
-        oracle = await direct.ok("GET", cms)
-        oracle_cache = await direct.ok("GET", f"{cms}?resourceVersion=0")
+        await direct.ok(
+            "PATCH",
+            f"{cms}/zeta",
+            body={"data": {"n": "1"}},
+            content_type="application/merge-patch+json",
+        )
+        await watch.wait_for(lambda events: len(events) >= 6, what="the new configmaps")
+        consistent = await via.ok("GET", cms, headers=headers)
+        oracle = await direct.ok("GET", cms, headers=headers)
+        from_cache = await via.ok("GET", f"{cms}?resourceVersion=0", headers=headers)
+        oracle_cache = await direct.ok("GET", f"{cms}?resourceVersion=0", headers=headers)
         served = metrics.get_sample_value("watchproxy_consistent_lists_total", {"outcome": "hub"})
+        cached = metrics.get_sample_value("watchproxy_lists_from_cache_total")
 
-    def names(body: dict[str, Any]) -> list[str]:
-        return [i["metadata"]["name"] for i in body["items"]]
+    def comparable(body: dict[str, Any]) -> dict[str, Any]:
+        if body["kind"] != "Table":
+            return body
+        # The Age cell is "now" minus creationTimestamp.
+        return {**body, "rows": [{**row, "cells": row["cells"][:-1]} for row in body["rows"]]}
 
-    assert served == 1
-    assert names(oracle) == sorted(names(oracle))  # the apiserver's order is the keys'
-    assert names(consistent) == names(oracle)
-    assert names(from_cache) == names(oracle_cache) == names(oracle)
+    assert (served, cached) == (1, 1)
+    assert comparable(consistent) == comparable(oracle)
+    assert comparable(from_cache) == comparable(oracle_cache) == comparable(oracle)
+    rows = oracle.get("items") or [row["object"] for row in oracle["rows"]]
+    names = [item["metadata"]["name"] for item in rows]
+    assert names == sorted(names) == ["alpha", "beta", "m-first", "m-mid", "zeta"]
