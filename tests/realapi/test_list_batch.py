@@ -183,8 +183,8 @@ async def test_lists_from_the_hub_equal_the_apiservers_in_body_and_order(
             content_type="application/merge-patch+json",
         )
         await watch.wait_for(lambda events: len(events) >= 6, what="the new configmaps")
-        consistent = await via.ok("GET", cms, headers=headers)
-        oracle = await direct.ok("GET", cms, headers=headers)
+        consistent = await via.ok("GET", cms + "?limit=500", headers=headers)  # as kubectl asks
+        oracle = await direct.ok("GET", cms + "?limit=500", headers=headers)
         from_cache = await via.ok("GET", f"{cms}?resourceVersion=0", headers=headers)
         oracle_cache = await direct.ok("GET", f"{cms}?resourceVersion=0", headers=headers)
         served = metrics.get_sample_value("watchproxy_consistent_lists_total", {"outcome": "hub"})
