@@ -161,6 +161,31 @@ async def test_watch_matches_direct(
         assert [e["object"] for e in proxied.events] == [e["object"] for e in oracle.events]
 
 
+async def test_a_later_watch_gets_the_initial_events_the_apiserver_sends_in_its_order(
+    tmp_path: Path, real_apiserver: RealApiServer, direct: Api, namespace: str
+) -> None:
+    """A watch without a resourceVersion, served from a synced shared watch, starts with the
+    apiserver's ADDED events in the apiserver's order (by key), objects created after the sync
+    included: before, those came last, in the order the shared watch learned them."""
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    await direct.ok("POST", pods, body=pod("m-first"))
+    async with (
+        proxy(tmp_path, real_apiserver) as (_running, via),
+        via.watch(pods + "?watch=1") as first,
+    ):
+        await first.wait_for(count(1), what="the existing pod")
+        for name in ("zeta", "alpha", "m-mid", "beta"):  # not in key order
+            await direct.ok("POST", pods, body=pod(name))
+        await first.wait_for(count(5), what="the new pods")
+        async with via.watch(pods + "?watch=1") as later, direct.watch(pods + "?watch=1") as oracle:
+            for stream in (later, oracle):
+                await stream.wait_for(count(5), what="the initial events")
+            assert later.events == oracle.events
+            assert [n for _, n, _ in objects(oracle.events)] == [
+                "alpha", "beta", "m-first", "m-mid", "zeta"
+            ]  # fmt: skip
+
+
 def deleted(name: str) -> Any:
     return lambda events: ("DELETED", name) in {(t, n) for t, n, _ in objects(events)}
 
