@@ -21,17 +21,25 @@ class ListResult:
     remaining: int | None = None
 
 
-def encode_continue(rv: int, last: Key) -> str:
-    raw = json.dumps({"v": "meta.k8s.io/v1", "rv": rv, "start": f"{last[0]}/{last[1]}\x00"})
+def encode_continue(rv: int, last: Key, namespace: str | None) -> str:
+    """The apiserver's token: its start key is relative to the LIST's etcd prefix, so a
+    namespaced LIST's tokens carry the name only ("ns/name" cluster-wide, "name" when
+    cluster-scoped)."""
+    start = last[1] if namespace is not None else etcd_order(last)
+    raw = json.dumps({"v": "meta.k8s.io/v1", "rv": rv, "start": start + "\x00"})
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
 
-def decode_continue(token: str) -> tuple[int, Key]:
+def decode_continue(token: str, namespace: str | None) -> tuple[int, Key]:
     try:
         padded = token + "=" * (-len(token) % 4)
         data = json.loads(base64.urlsafe_b64decode(padded.encode()))
         rv = int(data["rv"])
-        ns, _, name = str(data["start"]).rstrip("\x00").partition("/")
+        start = str(data["start"]).rstrip("\x00")
+        if namespace is not None:
+            ns, name = namespace, start
+        else:
+            ns, _, name = start.rpartition("/")
     except (ValueError, KeyError, TypeError, binascii.Error) as exc:
         raise BadRequest("continue key is not valid: " + str(exc)) from None
     if data.get("v") != "meta.k8s.io/v1" or rv <= 0:
@@ -72,7 +80,7 @@ def list_objects(
     start: Key | None = None
     at: int | None = None
     if continue_token:
-        at, start = decode_continue(continue_token)
+        at, start = decode_continue(continue_token, flt.namespace)
         if at < store.horizon(resource):
             raise Expired(_EXPIRED_CONTINUE)
     elif rv_match:
@@ -95,6 +103,6 @@ def list_objects(
         keys = [k for k in ordered if flt.namespace is None or k[0] == flt.namespace]
     if limit is not None and limit > 0 and len(keys) > limit:
         page = keys[:limit]
-        token = encode_continue(snap_rv, page[-1])
+        token = encode_continue(snap_rv, page[-1], flt.namespace)
         return ListResult([objects[k] for k in page], snap_rv, token, len(keys) - limit)
     return ListResult([objects[k] for k in keys], snap_rv)

@@ -313,7 +313,9 @@ class Metrics:
             "LIST requests without a resourceVersion that a live shared watch covers, by "
             "outcome: hub (answered from it once current), quiet (its state had not moved "
             "lately: sent upstream at once), behind (it did not catch up in time), "
-            "probe-failed (the apiserver's current revision could not be read).",
+            "probe-failed (the apiserver's current revision could not be read); and the "
+            "continuations of a LIST the hub paged: page (from its snapshot), page-gone "
+            "(snapshot no longer kept: sent upstream with the same token).",
             ["outcome"],
         )
         self.freshness_probes = add(

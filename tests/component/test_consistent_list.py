@@ -193,18 +193,47 @@ async def test_a_watch_that_does_not_catch_up_sends_the_list_upstream(tmp_path: 
         assert outcome(running, "behind") == 1
 
 
-async def test_a_list_the_hub_cannot_page_goes_upstream_with_its_continue_token(
-    tmp_path: Any,
-) -> None:
-    async with running_proxy(tmp_path) as running, aiohttp.ClientSession() as session:
+async def test_a_list_in_pages_is_answered_by_the_hub_at_one_revision(tmp_path: Any) -> None:
+    """Page 1 from the hub once current, the next pages from its snapshot (no probe), all at
+    page 1's revision while pods keep coming; the tokens are the apiserver's own, so the fake
+    continues one the same way, and a token of the apiserver's goes upstream."""
+    async with running_proxy(tmp_path, PATIENT) as running, aiohttp.ClientSession() as session:
+        fake = {
+            "headers": running.fake.auth_headers,
+            "ssl": running.fake.client_ssl_context() or True,
+        }
         async with watching(running, session), writing(running):
-            await wait_for(lambda: len(running.fake.store.list("pods", "default")) >= 5,
-                           what="five pods")  # fmt: skip
-            body = await get(session, running.url + PODS + "?limit=2")
-            assert len(body["items"]) == 2 and body["metadata"]["continue"]
-            whole = await get(session, running.url + PODS + "?limit=100000")
-            assert "continue" not in whole["metadata"] or not whole["metadata"]["continue"]
-        assert outcome(running, "hub") == 1  # only the list that fits in its limit
+            await wait_for(lambda: len(running.fake.store.list("pods", "default")) >= 7,
+                           what="seven pods")  # fmt: skip
+            first = await get(session, running.url + PODS + "?limit=3")
+            rv = first["metadata"]["resourceVersion"]
+            items, body = list(first["items"]), first
+            while body["metadata"].get("continue"):
+                token = body["metadata"]["continue"]
+                assert body["metadata"]["remainingItemCount"] > 0
+                body = await get(session, running.url + PODS + f"?limit=3&continue={token}")
+                assert body["metadata"]["resourceVersion"] == rv
+                items += body["items"]
+            assert "remainingItemCount" not in body["metadata"]
+            pages = outcome(running, "page")
+            # The same token, continued by the apiserver itself.
+            token = first["metadata"]["continue"]
+            upstream = await get(session, running.fake.url + PODS + f"?continue={token}", **fake)
+            # A token of the apiserver's own at a later revision: no snapshot of that here, so
+            # it goes upstream (at page 1's revision the snapshot would answer, rightly).
+            await wait_for(lambda: running.fake.store.resource_version > int(rv),
+                           what="a newer revision")  # fmt: skip
+            theirs = await get(session, running.fake.url + PODS + "?limit=2", **fake)
+            their_token = theirs["metadata"]["continue"]
+            rest = await get(session, running.url + PODS + f"?continue={their_token}")
+        exact = await get(session, running.url + PODS + f"?resourceVersion={rv}"
+                          "&resourceVersionMatch=Exact")  # fmt: skip
+    assert [i["metadata"]["name"] for i in items] == [i["metadata"]["name"] for i in exact["items"]]
+    assert versions(items) == versions(exact["items"])
+    assert versions(upstream["items"]) == versions(items[3:])
+    assert outcome(running, "hub") == 1 and pages == len(items) // 3 + (len(items) % 3 > 0) - 1
+    assert outcome(running, "page-gone") == 1 and rest["items"]
+    assert rest["metadata"]["resourceVersion"] == theirs["metadata"]["resourceVersion"]
 
 
 async def test_a_table_list_is_answered_from_a_table_watch(tmp_path: Any) -> None:

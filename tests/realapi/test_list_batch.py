@@ -1,6 +1,7 @@
-"""Identical consistent LISTs through watchproxy against the real kube-apiserver: each sees every
-write that finished before it was sent, and the apiserver's own request counter shows how many
-LISTs it served (issue 16, part 2)."""
+"""Consistent LISTs through watchproxy against the real kube-apiserver: each sees every write that
+finished before it was sent, and the apiserver's own request counter shows how many LISTs it
+served (issue 16, part 2); the hub's answers, whole or in pages, are the apiserver's own, body,
+order and continue tokens included; kubectl prints the same through watchproxy."""
 
 from __future__ import annotations
 
@@ -11,11 +12,25 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.harness import kubectl
 from tests.realapi.fixture import RealApiServer
 from tests.realapi.kubeapi import Api
 from tests.realapi.test_real_apiserver import configmap, proxy
 
 TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
+# What kubectl get asks for, so that the watch's key is the LIST's.
+KUBECTL_TABLE = (
+    "application/json;as=Table;v=v1;g=meta.k8s.io,"
+    "application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json"
+)
+
+
+def comparable_list(body: dict[str, Any]) -> dict[str, Any]:
+    """A LIST answer as two servers must agree on it: a Table's Age cells are left out (the
+    apiserver computes "now" minus creationTimestamp per request)."""
+    if body["kind"] != "Table":
+        return body
+    return {**body, "rows": [{**row, "cells": row["cells"][:-1]} for row in body["rows"]]}
 
 
 async def apiserver_lists(direct: Api, resource: str) -> float:
@@ -190,15 +205,107 @@ async def test_lists_from_the_hub_equal_the_apiservers_in_body_and_order(
         served = metrics.get_sample_value("watchproxy_consistent_lists_total", {"outcome": "hub"})
         cached = metrics.get_sample_value("watchproxy_lists_from_cache_total")
 
-    def comparable(body: dict[str, Any]) -> dict[str, Any]:
-        if body["kind"] != "Table":
-            return body
-        # The Age cell is "now" minus creationTimestamp.
-        return {**body, "rows": [{**row, "cells": row["cells"][:-1]} for row in body["rows"]]}
-
     assert (served, cached) == (1, 1)
-    assert comparable(consistent) == comparable(oracle)
-    assert comparable(from_cache) == comparable(oracle_cache) == comparable(oracle)
+    assert comparable_list(consistent) == comparable_list(oracle)
+    assert comparable_list(from_cache) == comparable_list(oracle_cache) == comparable_list(oracle)
     rows = oracle.get("items") or [row["object"] for row in oracle["rows"]]
     names = [item["metadata"]["name"] for item in rows]
     assert names == sorted(names) == ["alpha", "beta", "m-first", "m-mid", "zeta"]
+
+
+@pytest.mark.parametrize("accept", ["application/json", TABLE])
+async def test_a_list_in_pages_from_the_hub_is_the_apiservers_list_at_one_revision(
+    tmp_path: Path, real_apiserver: RealApiServer, direct: Api, namespace: str, accept: str
+) -> None:
+    """kubectl's chunked LIST (limit, then continue) answered by the hub: page 1 once current,
+    then pages from its snapshot. Together they are kube-apiserver's own list at page 1's
+    revision, while the collection keeps changing. The tokens are the apiserver's: it continues
+    one of ours itself, and one of its own sent through watchproxy goes to it."""
+    cms = f"/api/v1/namespaces/{namespace}/configmaps"
+    headers = {"Accept": accept}
+    for i in range(8):
+        await direct.ok("POST", cms, body=configmap(f"c{i}"))
+
+    def rows(body: dict[str, Any]) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = body.get("items") or [r["object"] for r in body["rows"]]
+        return found
+
+    def as_seen(objects: list[dict[str, Any]]) -> list[tuple[str, str]]:
+        return [(o["metadata"]["name"], o["metadata"]["resourceVersion"]) for o in objects]
+
+    async with (
+        proxy(tmp_path, real_apiserver) as (running, via),
+        via.watch(f"{cms}?watch=1", headers=headers) as watch,
+    ):
+        metrics = running.proxy.metrics.registry
+        await watch.wait_for(lambda events: len(events) >= 8, what="the configmaps")
+        await direct.ok("POST", cms, body=configmap("c8"))  # the collection moves
+        first = await via.ok("GET", f"{cms}?limit=3", headers=headers)
+        rv = first["metadata"]["resourceVersion"]
+        await direct.ok("POST", cms, body=configmap("c9"))  # after page 1: not in its list
+        seen, body = list(rows(first)), first
+        while body["metadata"].get("continue"):
+            assert body["metadata"]["remainingItemCount"] > 0
+            token = body["metadata"]["continue"]
+            body = await via.ok("GET", f"{cms}?limit=3&continue={token}", headers=headers)
+            assert body["metadata"]["resourceVersion"] == rv
+            seen += rows(body)
+        ours = first["metadata"]["continue"]
+        by_apiserver = await direct.ok("GET", f"{cms}?continue={ours}", headers=headers)
+        theirs = await direct.ok("GET", f"{cms}?limit=4", headers=headers)
+        rest = await via.ok(
+            "GET", f"{cms}?continue={theirs['metadata']['continue']}", headers=headers
+        )
+        outcomes = {
+            name: metrics.get_sample_value("watchproxy_consistent_lists_total", {"outcome": name})
+            for name in ("hub", "page", "page-gone")
+        }
+    at_rv = f"{cms}?resourceVersion={rv}&resourceVersionMatch=Exact"
+    exact = await direct.ok("GET", at_rv, headers=headers)
+    exact_first = await direct.ok("GET", at_rv + "&limit=3", headers=headers)
+    # Page 1 is the apiserver's page 1 at that revision, continue token and count included.
+    assert comparable_list(first) == comparable_list(exact_first)
+    assert as_seen(seen) == as_seen(rows(exact))
+    assert [name for name, _ in as_seen(seen)] == [f"c{i}" for i in range(9)]
+    assert as_seen(rows(by_apiserver)) == as_seen(seen[3:])
+    assert [name for name, _ in as_seen(rows(rest))] == [f"c{i}" for i in range(4, 10)]
+    assert outcomes == {"hub": 1, "page": 2, "page-gone": 1}
+
+
+@pytest.mark.parametrize(
+    ("accept", "output"), [("application/json", ("-o", "name")), (KUBECTL_TABLE, ())]
+)
+async def test_kubectl_get_in_chunks_is_paged_by_the_hub_as_by_the_apiserver(
+    tmp_path: Path,
+    real_apiserver: RealApiServer,
+    direct: Api,
+    namespace: str,
+    accept: str,
+    output: tuple[str, ...],
+) -> None:
+    """``kubectl get --chunk-size=3`` (its default is 500) through watchproxy prints what it
+    prints directly, every page answered by the hub, while a watch of the same representation
+    (an informer, ``kubectl get -w``) keeps the shared watch open."""
+    cms = f"/api/v1/namespaces/{namespace}/configmaps"
+    for i in range(8):
+        await direct.ok("POST", cms, body=configmap(f"c{i}"))
+    command = ("get", "configmaps", "-n", namespace, "--chunk-size=3", *output)
+    async with (
+        proxy(tmp_path, real_apiserver) as (running, via),
+        via.watch(f"{cms}?watch=1", headers={"Accept": accept}) as watch,
+    ):
+        await watch.wait_for(lambda events: len(events) >= 8, what="the configmaps")
+        await direct.ok("POST", cms, body=configmap("last"))  # the collection moves
+        direct_config = real_apiserver.write_kubeconfig(
+            tmp_path / "direct", token=real_apiserver.token
+        )
+        through = await kubectl(running.kubeconfig, *command)
+        oracle = await kubectl(direct_config, *command)
+        registry = running.proxy.metrics.registry
+        outcomes = {
+            name: registry.get_sample_value("watchproxy_consistent_lists_total", {"outcome": name})
+            for name in ("hub", "page")
+        }
+    assert through[0] == oracle[0] == 0, (through, oracle)
+    assert through[1] == oracle[1] and len(oracle[1].splitlines()) >= 9
+    assert outcomes == {"hub": 1, "page": 2}  # 9 configmaps in pages of 3

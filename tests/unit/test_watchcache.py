@@ -143,7 +143,7 @@ def test_apply_events_update_state_and_history() -> None:
         b'{"type":"MODIFIED","object":{"kind":"Pod","apiVersion":"v1","metadata":'
         b'{"name":"a","namespace":"ns","resourceVersion":"11"},"spec":{"data":1}}}\n'
     )
-    assert keyed(cache.objects_snapshot()) == keyed([pod("a", 11, 1), pod("c", 12)])
+    assert keyed(cache.state.objects()) == keyed([pod("a", 11, 1), pod("c", 12)])
 
 
 def test_upsert_keeps_the_upstream_event_type() -> None:
@@ -153,7 +153,7 @@ def test_upsert_keeps_the_upstream_event_type() -> None:
     modified = cache.apply(MODIFIED, pod("z", 12))
     assert added is not None and added.type == ADDED
     assert modified is not None and modified.type == MODIFIED
-    assert keyed(cache.objects_snapshot()) == keyed([pod("a", 11, 1), pod("z", 12)])
+    assert keyed(cache.state.objects()) == keyed([pod("a", 11, 1), pod("z", 12)])
     with pytest.raises(ValueError):
         cache.apply("BOOKMARK", pod("a", 13))
 
@@ -178,7 +178,7 @@ def test_events_at_or_below_the_cache_rv_are_ignored() -> None:
     ]:
         assert cache.apply(event_type, obj) is None
     assert cache.next_seq == 3 and cache.resource_version == 13
-    assert keyed(cache.objects_snapshot()) == keyed([pod("a", 11, 1), pod("c", 12)])
+    assert keyed(cache.state.objects()) == keyed([pod("a", 11, 1), pod("c", 12)])
 
 
 def test_bookmark_raises_the_rv_and_later_events_below_it_are_ignored() -> None:
@@ -276,7 +276,7 @@ def test_replayed_events_applied_to_the_clients_state_reach_the_current_state() 
     events = cache.events_from(plan.next_seq)
     assert events is not None
     apply_lines(state, [e.line for e in events])
-    assert state == keyed(cache.objects_snapshot())
+    assert state == keyed(cache.state.objects())
 
 
 # --- synthetic ADDED cache -----------------------------------------------------------------
@@ -419,7 +419,7 @@ def test_relist_diff_is_ordered_so_rvs_never_go_backwards() -> None:
     assert decode(events[2].line) == (DELETED, pod("c", 20))
     assert decode(events[3].line) == (DELETED, pod("d", 20))
     assert cache.resource_version_str == "20"
-    assert keyed(cache.objects_snapshot()) == keyed([pod("a", 5), pod("b", 15, 1), pod("e", 12)])
+    assert keyed(cache.state.objects()) == keyed([pod("a", 5), pod("b", 15, 1), pod("e", 12)])
     assert cache.events_from(0) is not None  # subscribers keep their streams
 
 
@@ -488,7 +488,7 @@ def test_relist_with_older_rv_is_refused_and_reset_ends_every_cursor() -> None:
     cache.reset([pod("a", 3)], "12")
     assert cache.events_from(caught_up) is None and cache.events_from(0) is None
     assert cache.resource_version == 12 and cache.oldest_resumable_rv == 12
-    assert keyed(cache.objects_snapshot()) == keyed([pod("a", 3)])
+    assert keyed(cache.state.objects()) == keyed([pod("a", 3)])
     assert cache.plan("11").outside_window
     assert cache.plan("12") == StartPlan(initial=[], next_seq=cache.next_seq, start_rv=12)
 
@@ -716,12 +716,12 @@ def test_every_subscriber_reaches_the_current_state(data: st.DataObject) -> None
                     continue
                 assert not plan.outside_window
                 subscribers.append(Subscriber(plan, keyed(list(truth.values())), etcd_rv, None))
-        assert mirror == keyed(cache.objects_snapshot())
+        assert mirror == keyed(cache.state.objects())
         assert cache.history_len() <= capacity
 
     # let the cache catch up with the truth
     record(cache.replace(list(truth.values()), str(etcd_rv)))
-    assert keyed(cache.objects_snapshot()) == keyed(list(truth.values()))
+    assert keyed(cache.state.objects()) == keyed(list(truth.values()))
 
     for sub in subscribers:
         events = cache.events_from(sub.plan.next_seq, sub.plan.start_rv)
@@ -745,7 +745,7 @@ def test_every_subscriber_reaches_the_current_state(data: st.DataObject) -> None
         seqs = [e.seq for e in delivered]
         assert len(seqs) == len(set(seqs))
         apply_lines(sub.state, [e.line for e in delivered])
-        assert sub.state == keyed(cache.objects_snapshot())
+        assert sub.state == keyed(cache.state.objects())
 
 
 def test_state_bytes_follow_every_change_of_the_state() -> None:

@@ -146,6 +146,17 @@ class CacheState:
     def count_in(self, namespace: str) -> int:
         return len(self._namespace_keys(namespace))
 
+    def sorted_kept(self, namespace: str | None = None) -> tuple[list[str], list[Any]]:
+        """The keys (of ``namespace``) in order and their kept objects: a snapshot that later
+        changes leave alone (new lists of references to what is kept now)."""
+        keys = list(self.ordered_keys() if namespace is None else self._namespace_keys(namespace))
+        entries = self._entries
+        return keys, [entries[key].kept for key in keys]
+
+    def encode_list(self, kept: list[Any], rv: str) -> bytes:
+        """A LIST response body of ``kept`` objects (from :meth:`sorted_kept`) at ``rv``."""
+        return self._rep.encode_kept_list(kept, rv)
+
     def added_lines(self) -> Sequence[bytes]:
         """An ADDED line per object (the start of a watch without a resourceVersion); shared
         by every caller until the objects change, so read-only."""

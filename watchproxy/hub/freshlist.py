@@ -32,18 +32,18 @@ def looks_busy(shared: SharedWatch, wait: float, now: float) -> bool:
     return moved is not None and now - moved <= wait * QUIET_AFTER_WAITS
 
 
-async def list_when_current(
+async def wait_current(
     cover: Cover, current_rv: int, wait: float, clock: Callable[[], float]
-) -> tuple[bytes, str] | None:
-    """The LIST body and content type once the state reflects ``current_rv``; None if it does
-    not within ``wait`` seconds (or the shared watch ends)."""
+) -> bool:
+    """Whether the state reflects ``current_rv`` within ``wait`` seconds (False if the shared
+    watch ends first). True means: answer from it now, before the next await."""
     shared = cover.shared
     deadline = clock() + wait
     while True:
         rv = shared.cache.resource_version
         if rv is not None and rv >= current_rv and not shared.closed:
-            return cover.list_body(), shared.representation.content_type
+            return True
         remaining = deadline - clock()
         if remaining <= 0 or shared.closed:
-            return None
+            return False
         await shared.wait_change(remaining)

@@ -12,6 +12,8 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from watchproxy.hub.cachetypes import NotSynced
+from watchproxy.hub.listpages import Page, Snapshot, with_list_meta
 from watchproxy.hub.sharedwatch import SharedWatch
 from watchproxy.hub.watchkey import Unservable, WatchKey
 from watchproxy.kube.apipath import ApiPath
@@ -27,11 +29,24 @@ class Cover:
 
     def count(self) -> int:
         cache = self.shared.cache
-        return len(cache) if self.namespace is None else cache.count_in(self.namespace)
+        return len(cache) if self.namespace is None else cache.state.count_in(self.namespace)
 
     def list_body(self) -> bytes:
         """The LIST answer at the state's resourceVersion."""
         return self.shared.cache.list_response(self.namespace)
+
+    def snapshot(self) -> Snapshot:
+        """The covered objects now, in key order, to page through (see ``listpages``)."""
+        cache = self.shared.cache
+        rv, rv_str = cache.resource_version, cache.resource_version_str
+        if rv is None or rv_str is None:
+            raise NotSynced("snapshot() before the first LIST")
+        keys, kept = cache.state.sorted_kept(self.namespace)
+        return Snapshot(rv, rv_str, keys, kept)
+
+    def page_body(self, snapshot: Snapshot, page: Page) -> bytes:
+        body = self.shared.cache.state.encode_list(list(page.kept), snapshot.rv_str)
+        return with_list_meta(body, snapshot.rv_str, page)
 
 
 def find_cover(

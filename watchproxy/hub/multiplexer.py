@@ -312,12 +312,28 @@ class Hub:
     def covering_watch(
         self, api_path: ApiPath, query: WatchQuery, headers: Headers
     ) -> Cover | None:
-        """What can answer a consistent LIST, if its answer fits in one page (the hub has no
-        snapshots to continue a list from)."""
+        """What can answer a consistent LIST in one page (:meth:`paging_cover` for more)."""
         if query.resource_version or query.continue_token or query.resource_version_match:
             return None
         cover = self.list_cover(api_path, query, headers)
         if cover is None or (query.limit and cover.count() > query.limit):
+            return None
+        return cover
+
+    def paging_cover(self, api_path: ApiPath, query: WatchQuery, headers: Headers) -> Cover | None:
+        """What can answer a consistent LIST in pages, or a continuation of one (``listpages``):
+        a JSON or Table cover without selectors (the apiserver's remainingItemCount then counts
+        exactly what is left)."""
+        if query.resource_version or query.resource_version_match:
+            return None
+        if not query.label_selector.matches_everything:
+            return None
+        if not query.field_selector.matches_everything:
+            return None
+        cover = self.list_cover(api_path, query, headers)
+        if cover is None or not cover.shared.representation.content_type.startswith(
+            "application/json"
+        ):
             return None
         return cover
 

@@ -351,18 +351,16 @@ class WatchCache:
             raise NotSynced("bookmark_line() before the first replace()")
         return self._bookmarks.line(self._stream[1], initial_events_end=initial_events_end)
 
-    def objects_snapshot(self) -> list[Obj]:
-        """The current objects (watch-event form; do not mutate them)."""
-        return self._state.objects()
+    @property
+    def state(self) -> CacheState:
+        """The current objects, to read (only the cache changes them)."""
+        return self._state
 
     def list_response(self, namespace: str | None = None) -> bytes:
         """A LIST response body of the current state at its RV (one namespace's part)."""
         if self._rv_str is None:
             raise NotSynced("list_response() before the first replace()")
         return self._state.list_body(self._rv_str, namespace)
-
-    def count_in(self, namespace: str) -> int:
-        return self._state.count_in(namespace)
 
     def stats(self) -> dict[str, Any]:
         return {

@@ -3,6 +3,8 @@
 The apiserver's current revision is read with ``GET <collection>?limit=1`` (the same path
 without the query: the revision is the whole store's), through the LIST batcher so that the
 requests waiting at the same time share one probe, and each probe is sent after they arrived.
+A LIST with more objects than its limit is answered in pages: page 1 so, and its continuations
+from the snapshot page 1 was cut from (``hub.listpages``).
 """
 
 from __future__ import annotations
@@ -14,13 +16,22 @@ from collections.abc import Callable
 from aiohttp import web
 
 from watchproxy.hub.cachetypes import parse_rv
-from watchproxy.hub.freshlist import list_when_current, looks_busy
-from watchproxy.hub.multiplexer import Hub
+from watchproxy.hub.freshlist import looks_busy, wait_current
+from watchproxy.hub.listcover import Cover
+from watchproxy.hub.listpages import Snapshots, decode_continue, page_of
+from watchproxy.hub.multiplexer import Headers, Hub
 from watchproxy.kube.apipath import ApiPath
 from watchproxy.kube.watchquery import WatchQuery
 from watchproxy.metrics import Metrics
 from watchproxy.server.listbatch import Answer, ListBatcher
 from watchproxy.server.passthrough import Forwarder
+
+
+def _key_prefix(api_path: ApiPath) -> str:
+    """What the keys of a LIST of ``api_path`` start with, and its continue tokens leave out:
+    a namespaced LIST's keys are relative to its namespace, as etcd's are to the LIST's prefix."""
+    return "" if api_path.namespace is None else api_path.namespace + "/"
+
 
 # A one-item LIST answer: one object (a pod with many managed fields is tens of KB).
 PROBE_MAX_BYTES = 4 * 1024 * 1024
@@ -40,6 +51,7 @@ class ConsistentLists:
         # Its own batcher: probes are shared even when limits.list_batch_max_bytes is 0.
         self.probes = ListBatcher(forwarder, max_bytes=PROBE_MAX_BYTES)
         self.wait = wait_seconds
+        self.snapshots = Snapshots(clock)  # page 1 of each paged answer, for its continuations
         self.metrics = metrics
         self.clock = clock
 
@@ -52,7 +64,13 @@ class ConsistentLists:
         """The answer from a shared watch; None: the LIST goes to the apiserver."""
         if self.wait <= 0:
             return None
+        if query.continue_token:
+            return self._next_page(api_path, query, request.headers)
         cover = self.hub.covering_watch(api_path, query, request.headers)
+        paged = False
+        if cover is None and query.limit:  # more objects than the limit: page 1 of several
+            cover = self.hub.paging_cover(api_path, query, request.headers)
+            paged = cover is not None
         if cover is None:
             return None
         outcomes = self.metrics.consistent_lists
@@ -63,14 +81,41 @@ class ConsistentLists:
         if current is None:
             outcomes.labels("probe-failed").inc()
             return None
-        served = await list_when_current(cover, current, self.wait, self.clock)
-        if served is None:
+        if not await wait_current(cover, current, self.wait, self.clock):
             outcomes.labels("behind").inc()
             return None
         outcomes.labels("hub").inc()
-        body, content_type = served
+        if not paged:
+            return self._answer(cover, cover.list_body())
+        snapshot = cover.snapshot()
+        self.snapshots.put(cover.shared, cover.namespace, snapshot)
+        page = page_of(snapshot, None, query.limit or 0, _key_prefix(api_path))
+        return self._answer(cover, cover.page_body(snapshot, page))
+
+    def _next_page(
+        self, api_path: ApiPath, query: WatchQuery, headers: Headers
+    ) -> web.Response | None:
+        """A continuation of a page 1 the hub answered, from its snapshot: no probe, the
+        snapshot is the collection at the token's revision. Anything else goes upstream."""
+        token = decode_continue(query.continue_token or "")
+        if token is None:
+            return None
+        cover = self.hub.paging_cover(api_path, query, headers)
+        if cover is None:
+            return None
+        rv, start = token
+        snapshot = self.snapshots.get(cover.shared, cover.namespace, rv)
+        if snapshot is None:
+            self.metrics.consistent_lists.labels("page-gone").inc()
+            return None
+        self.metrics.consistent_lists.labels("page").inc()
+        page = page_of(snapshot, start, query.limit or 0, _key_prefix(api_path))
+        return self._answer(cover, cover.page_body(snapshot, page))
+
+    @staticmethod
+    def _answer(cover: Cover, body: bytes) -> web.Response:
         answer = web.Response(body=body)
-        answer.headers["Content-Type"] = content_type
+        answer.headers["Content-Type"] = cover.shared.representation.content_type
         return answer
 
     async def _current_rv(self, request: web.Request) -> int | None:
