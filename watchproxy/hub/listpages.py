@@ -28,8 +28,9 @@ TOKEN_VERSION = "meta.k8s.io/v1"
 # How long a page-1 snapshot is kept for its continuations: kubectl and client-go's pager ask
 # for the next page as soon as they have read one, so a minute is generous.
 SNAPSHOT_SECONDS = 60.0
-# References the snapshots may hold in all (two per object: its key and its kept form); a
-# snapshot pushed out only sends its continuations upstream.
+# Objects the snapshots may hold in all (two references each, its key and its kept form: 8 MB
+# of lists at most). A snapshot pushed out, or one larger than this, only sends its
+# continuations upstream.
 SNAPSHOT_MAX_ITEMS = 500_000
 
 
@@ -100,7 +101,7 @@ def with_list_meta(body: bytes, rv_str: str, page: Page) -> bytes:
 
 
 class Snapshots:
-    """Page-1 snapshots by (shared watch, namespace, R), bounded in age and in references."""
+    """Page-1 snapshots by (shared watch, namespace, R), bounded in age and in objects."""
 
     def __init__(
         self,
