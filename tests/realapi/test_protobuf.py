@@ -192,3 +192,47 @@ async def test_a_custom_resource_asked_for_in_protobuf_is_passed_through(
         # One LIST told the hub; the second watch went straight through.
         hub = running.proxy.hub
         assert hub is not None and not hub.watches
+
+
+async def test_a_protobuf_list_in_pages_from_the_hub_is_the_apiservers_byte_for_byte(
+    tmp_path: Path, real_apiserver: RealApiServer, direct: Api, namespace: str
+) -> None:
+    """client-go's pager (a typed client's relist: protobuf, limit=500) answered by the hub:
+    page 1 is kube-apiserver's page 1 at the same revision byte for byte (ListMeta's continue
+    token and remainingItemCount included), and the pages together are its list there."""
+    cms = f"/api/v1/namespaces/{namespace}/configmaps"
+    for i in range(7):
+        await direct.ok("POST", cms, body=configmap(f"c{i}"))
+    decode = ProtobufRepresentation().decode_list_page
+    async with (
+        proxy(tmp_path, real_apiserver) as (running, via),
+        protobuf_watch(via, f"{cms}?watch=1") as proxied,
+    ):
+        await proxied.wait(lambda events: len(events) >= 7, "the configmaps")
+        await direct.ok("POST", cms, body=configmap("c7"))  # the collection moves
+        first = await via.request("GET", cms + "?limit=3", headers=ACCEPT)
+        assert first.status == 200
+        names, rv, token = [], "", ""
+        page = first.body
+        while True:
+            items, rv_of_page, token = decode(page)
+            rv = rv or rv_of_page
+            assert rv_of_page == rv
+            names += [item["metadata"]["name"] for item in items]
+            if not token:
+                break
+            answer = await via.request("GET", f"{cms}?limit=3&continue={token}", headers=ACCEPT)
+            assert answer.status == 200
+            page = answer.body
+        registry = running.proxy.metrics.registry
+        outcomes = {
+            name: registry.get_sample_value("watchproxy_consistent_lists_total", {"outcome": name})
+            for name in ("hub", "page")
+        }
+    at_rv = f"{cms}?resourceVersion={rv}&resourceVersionMatch=Exact"
+    oracle_first = await direct.request("GET", at_rv + "&limit=3", headers=ACCEPT)
+    oracle = await direct.request("GET", at_rv, headers=ACCEPT)
+    assert first.body == oracle_first.body  # envelope, ListMeta and items
+    assert names == [item["metadata"]["name"] for item in decode(oracle.body)[0]]
+    assert names == [f"c{i}" for i in range(8)]
+    assert outcomes == {"hub": 1, "page": 2}

@@ -7,14 +7,15 @@ import base64
 import json
 
 from watchproxy.hub.listpages import (
-    Page,
     Snapshot,
     Snapshots,
     decode_continue,
     encode_continue,
     page_of,
-    with_list_meta,
 )
+from watchproxy.kube import protowire as pw
+from watchproxy.kube.jsonlist import with_page_meta
+from watchproxy.kube.protobuf import ProtobufRepresentation, envelope
 from watchproxy.kube.representation import JsonRepresentation, PartialMetadataRepresentation
 from watchproxy.kube.tables import TableRepresentation
 
@@ -78,14 +79,13 @@ def test_cluster_wide_tokens_carry_the_namespace_and_a_limit_of_zero_is_the_rest
 
 def test_page_metadata_goes_into_the_lists_own_metadata_in_the_apiservers_order() -> None:
     body = b'{"kind":"PodList","apiVersion":"v1","metadata":{"resourceVersion":"42"},"items":[]}'
-    paged = with_list_meta(body, "42", Page([], "TOKEN", 3))
+    paged = with_page_meta(body, "42", "TOKEN", 3)
     assert json.loads(paged)["metadata"] == {
         "resourceVersion": "42",
         "continue": "TOKEN",
         "remainingItemCount": 3,
     }
     assert paged.index(b'"continue"') < paged.index(b'"remainingItemCount"')
-    assert with_list_meta(body, "42", Page([], None, None)) == body
 
 
 def test_snapshots_are_bounded_by_age_and_by_references() -> None:
@@ -101,15 +101,20 @@ def test_snapshots_are_bounded_by_age_and_by_references() -> None:
     assert kept.get(owner, None, 2) is None and len(kept) == 0
 
 
-def test_every_json_representation_encodes_a_list_the_page_metadata_fits_into() -> None:
-    """The hub pages JSON, PartialObjectMetadata and Table lists (protobuf goes upstream)."""
-    page = Page([], "TOKEN", 1)
+def test_every_representation_encodes_a_page_with_the_apiservers_list_metadata() -> None:
+    """JSON, PartialObjectMetadata and Table splice it into their encoded list; protobuf writes
+    it into the envelope's ListMeta (continue, then remainingItemCount as a varint)."""
     for rep in (
         JsonRepresentation(),
         PartialMetadataRepresentation("v1"),
         TableRepresentation("v1", "Metadata"),
     ):
-        assert rep.content_type.startswith("application/json"), rep
-        body = rep.encode_kept_list([], "7")
-        meta = json.loads(with_list_meta(body, "7", page))["metadata"]
-        assert meta == {"resourceVersion": "7", "continue": "TOKEN", "remainingItemCount": 1}
+        meta = json.loads(rep.encode_kept_page([], "7", "TOKEN", 1))["metadata"]
+        assert meta == {"resourceVersion": "7", "continue": "TOKEN", "remainingItemCount": 1}, rep
+    protobuf = ProtobufRepresentation()
+    # It learns the list's kind from the apiserver's first LIST, as the hub's does.
+    protobuf.decode_list_page(envelope("v1", "ConfigMapList", pw.length_field(1, b"\x12\x015")))
+    page = protobuf.encode_kept_page([], "7", "TOKEN", 300)
+    items, rv, token = protobuf.decode_list_page(page)
+    assert (items, rv, token) == ([], "7", "TOKEN")
+    assert b"\x1a\x05TOKEN\x20\xac\x02" in page  # continue, then field 4: varint 300

@@ -157,6 +157,10 @@ class CacheState:
         """A LIST response body of ``kept`` objects (from :meth:`sorted_kept`) at ``rv``."""
         return self._rep.encode_kept_list(kept, rv)
 
+    def encode_page(self, kept: list[Any], rv: str, token: str, remaining: int | None) -> bytes:
+        """A page of a LIST that more pages follow (see ``listpages``)."""
+        return self._rep.encode_kept_page(kept, rv, token, remaining)
+
     def added_lines(self) -> Sequence[bytes]:
         """An ADDED line per object (the start of a watch without a resourceVersion); shared
         by every caller until the objects change, so read-only."""

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from watchproxy.hub.cachetypes import NotSynced
-from watchproxy.hub.listpages import Page, Snapshot, with_list_meta
+from watchproxy.hub.listpages import Page, Snapshot
 from watchproxy.hub.sharedwatch import SharedWatch
 from watchproxy.hub.watchkey import Unservable, WatchKey
 from watchproxy.kube.apipath import ApiPath
@@ -45,8 +45,10 @@ class Cover:
         return Snapshot(rv, rv_str, keys, kept)
 
     def page_body(self, snapshot: Snapshot, page: Page) -> bytes:
-        body = self.shared.cache.state.encode_list(list(page.kept), snapshot.rv_str)
-        return with_list_meta(body, snapshot.rv_str, page)
+        state = self.shared.cache.state
+        if page.token is None:  # the last page: a LIST like any other
+            return state.encode_list(list(page.kept), snapshot.rv_str)
+        return state.encode_page(list(page.kept), snapshot.rv_str, page.token, page.remaining)
 
 
 def find_cover(

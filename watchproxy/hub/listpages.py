@@ -83,23 +83,6 @@ def page_of(snapshot: Snapshot, start: str | None, limit: int, prefix: str) -> P
     return Page(snapshot.kept[first:end], token, len(keys) - end)
 
 
-def with_list_meta(body: bytes, rv_str: str, page: Page) -> bytes:
-    """``body`` (a JSON list or Table whose metadata is only its resourceVersion, as the
-    representations encode it) with the page's continue and remainingItemCount added, in the
-    apiserver's field order."""
-    if page.token is None:
-        return body
-    head = b'"metadata":{"resourceVersion":' + json.dumps(rv_str).encode() + b"}"
-    at = body.find(head, 0, 4096)  # the list's own metadata precedes its items
-    if at < 0:
-        raise ValueError("the list body has no metadata to page")
-    end = at + len(head) - 1
-    extra = b',"continue":' + json.dumps(page.token).encode()
-    if page.remaining is not None:
-        extra += b',"remainingItemCount":%d' % page.remaining
-    return body[:end] + extra + body[end:]
-
-
 class Snapshots:
     """Page-1 snapshots by (shared watch, namespace, R), bounded in age and in objects."""
 

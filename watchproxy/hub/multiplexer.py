@@ -322,20 +322,15 @@ class Hub:
 
     def paging_cover(self, api_path: ApiPath, query: WatchQuery, headers: Headers) -> Cover | None:
         """What can answer a consistent LIST in pages, or a continuation of one (``listpages``):
-        a JSON or Table cover without selectors (the apiserver's remainingItemCount then counts
-        exactly what is left)."""
+        a cover without selectors (the apiserver's remainingItemCount then counts exactly what
+        is left)."""
         if query.resource_version or query.resource_version_match:
             return None
         if not query.label_selector.matches_everything:
             return None
         if not query.field_selector.matches_everything:
             return None
-        cover = self.list_cover(api_path, query, headers)
-        if cover is None or not cover.shared.representation.content_type.startswith(
-            "application/json"
-        ):
-            return None
-        return cover
+        return self.list_cover(api_path, query, headers)
 
     def list_cover(self, api_path: ApiPath, query: WatchQuery, headers: Headers) -> Cover | None:
         if query.timeout is not None and not is_go_duration(query.timeout):

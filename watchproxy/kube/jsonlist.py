@@ -16,6 +16,21 @@ _DECODER = json.JSONDecoder()
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
 
 
+def with_page_meta(body: bytes, rv: str, token: str, remaining: int | None) -> bytes:
+    """``body`` (a JSON list or Table whose metadata is only its resourceVersion, as the
+    representations encode it) with a page's continue token and remainingItemCount added, in
+    the apiserver's field order."""
+    head = b'"metadata":{"resourceVersion":' + json.dumps(rv).encode() + b"}"
+    at = body.find(head, 0, 4096)  # the list's own metadata precedes its items
+    if at < 0:
+        raise ValueError("the list body has no metadata to page")
+    end = at + len(head) - 1
+    extra = b',"continue":' + json.dumps(token).encode()
+    if remaining is not None:
+        extra += b',"remainingItemCount":%d' % remaining
+    return body[:end] + extra + body[end:]
+
+
 def walk_list(text: str) -> Iterator[tuple[str, Any, int, int]]:
     """The members of a JSON list document in order, as (name, value, start, end); the
     ``items`` array is walked too: one ("items", item, start, end) per item, with where the

@@ -36,7 +36,7 @@ _TYPE_META, _RAW, _ENCODING, _CONTENT_TYPE = 1, 2, 3, 4
 _EVENT_TYPE, _EVENT_OBJECT, _EXTENSION_RAW = 1, 2, 1
 _METADATA, _ITEMS = 1, 2
 _NAME, _NAMESPACE, _RV, _ANNOTATIONS = 1, 3, 6, 12
-_LIST_RV, _LIST_CONTINUE = 2, 3
+_LIST_RV, _LIST_CONTINUE, _LIST_REMAINING = 2, 3, 4
 _STATUS_META, _STATUS, _MESSAGE, _REASON, _CODE = 1, 2, 3, 4, 6
 
 
@@ -189,13 +189,24 @@ class ProtobufRepresentation(Representation):
             return frame("ERROR", body)
         return self.error_line(json.loads(body))
 
-    def encode_list(self, objects: list[Obj], rv: str) -> bytes:
+    def encode_list(
+        self, objects: list[Obj], rv: str, token: str = "", remaining: int | None = None
+    ) -> bytes:
+        # ListMeta as the apiserver marshals it: every string field, empty or not, and
+        # remainingItemCount (a pointer in Go) only when set.
         meta = (
             pw.length_field(1, b"")
             + pw.length_field(_LIST_RV, rv.encode())
-            + pw.length_field(_LIST_CONTINUE, b"")
+            + pw.length_field(_LIST_CONTINUE, token.encode())
         )
+        if remaining is not None:
+            meta += pw.varint_field(_LIST_REMAINING, remaining)
         raw = pw.length_field(_METADATA, meta) + b"".join(
             pw.length_field(_ITEMS, obj["raw"]) for obj in objects
         )
         return envelope(self._api_version or "", (self._kind or "") + "List", raw)
+
+    def encode_kept_page(
+        self, kept: list[Any], rv: str, token: str, remaining: int | None
+    ) -> bytes:
+        return self.encode_list([self.kept_object(k) for k in kept], rv, token, remaining)

@@ -21,7 +21,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from watchproxy.kube.jsonlist import walk_list
+from watchproxy.kube.jsonlist import walk_list, with_page_meta
 from watchproxy.kube.jsonobjects import (
     INITIAL_EVENTS_END_ANNOTATION,
     JSON,
@@ -189,6 +189,12 @@ class Representation:
     def encode_kept_list(self, kept: list[Any], rv: str) -> bytes:
         """A LIST response body of the kept objects at ``rv``."""
         return self.encode_list([self.kept_object(k) for k in kept], rv)
+
+    def encode_kept_page(
+        self, kept: list[Any], rv: str, token: str, remaining: int | None
+    ) -> bytes:
+        """A LIST page that more follow: with its continue token and remainingItemCount."""
+        return with_page_meta(self.encode_kept_list(kept, rv), rv, token, remaining)
 
 
 _ADDED_PREFIX = b'{"type":"ADDED","object":'
