@@ -6,6 +6,8 @@ order and continue tokens included; kubectl prints the same through watchproxy."
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,37 @@ KUBECTL_TABLE = (
     "application/json;as=Table;v=v1;g=meta.k8s.io,"
     "application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json"
 )
+
+
+@contextlib.asynccontextmanager
+async def ticking(direct: Api, collection: str) -> AsyncIterator[None]:
+    """A configmap ``ticker`` in ``collection`` patched every 50 ms while the block runs.
+
+    A consistent LIST is answered by the hub once its watch reaches the revision a probe read,
+    and the apiserver's own writes (its identity lease, every 10 s) move that revision without
+    an event on this watch: a quiet collection would then wait for nothing and go upstream. A
+    busy one, as in a cluster, catches up within a tick."""
+    await direct.ok("POST", collection, body=configmap("ticker"))
+    stop = asyncio.Event()
+
+    async def tick() -> None:
+        for n in range(10_000):
+            if stop.is_set():
+                return
+            await direct.ok(
+                "PATCH",
+                f"{collection}/ticker",
+                body={"data": {"v": str(n)}},  # the same keys: a table's DATA column stays
+                content_type="application/merge-patch+json",
+            )
+            await asyncio.sleep(0.05)
+
+    task = asyncio.create_task(tick())
+    try:
+        yield
+    finally:
+        stop.set()
+        await task
 
 
 def comparable_list(body: dict[str, Any]) -> dict[str, Any]:
@@ -198,19 +231,29 @@ async def test_lists_from_the_hub_equal_the_apiservers_in_body_and_order(
             content_type="application/merge-patch+json",
         )
         await watch.wait_for(lambda events: len(events) >= 6, what="the new configmaps")
-        consistent = await via.ok("GET", cms + "?limit=500", headers=headers)  # as kubectl asks
-        oracle = await direct.ok("GET", cms + "?limit=500", headers=headers)
         from_cache = await via.ok("GET", f"{cms}?resourceVersion=0", headers=headers)
         oracle_cache = await direct.ok("GET", f"{cms}?resourceVersion=0", headers=headers)
+        async with ticking(direct, cms):
+            consistent = await via.ok("GET", cms + "?limit=500", headers=headers)  # as kubectl
+        rv = consistent["metadata"]["resourceVersion"]
+        oracle = await direct.ok(
+            "GET",
+            f"{cms}?limit=500&resourceVersion={rv}&resourceVersionMatch=Exact",
+            headers=headers,
+        )
         served = metrics.get_sample_value("watchproxy_consistent_lists_total", {"outcome": "hub"})
         cached = metrics.get_sample_value("watchproxy_lists_from_cache_total")
 
     assert (served, cached) == (1, 1)
     assert comparable_list(consistent) == comparable_list(oracle)
-    assert comparable_list(from_cache) == comparable_list(oracle_cache) == comparable_list(oracle)
-    rows = oracle.get("items") or [row["object"] for row in oracle["rows"]]
-    names = [item["metadata"]["name"] for item in rows]
-    assert names == sorted(names) == ["alpha", "beta", "m-first", "m-mid", "zeta"]
+    assert comparable_list(from_cache) == comparable_list(oracle_cache)
+
+    def names(body: dict[str, Any]) -> list[str]:
+        rows = body.get("items") or [row["object"] for row in body["rows"]]
+        return [item["metadata"]["name"] for item in rows]
+
+    assert names(oracle_cache) == ["alpha", "beta", "m-first", "m-mid", "zeta"]
+    assert names(oracle) == ["alpha", "beta", "m-first", "m-mid", "ticker", "zeta"]
 
 
 @pytest.mark.parametrize("accept", ["application/json", TABLE])
@@ -239,8 +282,8 @@ async def test_a_list_in_pages_from_the_hub_is_the_apiservers_list_at_one_revisi
     ):
         metrics = running.proxy.metrics.registry
         await watch.wait_for(lambda events: len(events) >= 8, what="the configmaps")
-        await direct.ok("POST", cms, body=configmap("c8"))  # the collection moves
-        first = await via.ok("GET", f"{cms}?limit=3", headers=headers)
+        async with ticking(direct, cms):
+            first = await via.ok("GET", f"{cms}?limit=3", headers=headers)
         rv = first["metadata"]["resourceVersion"]
         await direct.ok("POST", cms, body=configmap("c9"))  # after page 1: not in its list
         seen, body = list(rows(first)), first
@@ -266,9 +309,13 @@ async def test_a_list_in_pages_from_the_hub_is_the_apiservers_list_at_one_revisi
     # Page 1 is the apiserver's page 1 at that revision, continue token and count included.
     assert comparable_list(first) == comparable_list(exact_first)
     assert as_seen(seen) == as_seen(rows(exact))
-    assert [name for name, _ in as_seen(seen)] == [f"c{i}" for i in range(9)]
+    assert [name for name, _ in as_seen(seen)] == [*(f"c{i}" for i in range(8)), "ticker"]
     assert as_seen(rows(by_apiserver)) == as_seen(seen[3:])
-    assert [name for name, _ in as_seen(rows(rest))] == [f"c{i}" for i in range(4, 10)]
+    assert [name for name, _ in as_seen(rows(rest))] == [
+        *(f"c{i}" for i in range(4, 8)),
+        "c9",
+        "ticker",
+    ]
     assert outcomes == {"hub": 1, "page": 2, "page-gone": 1}
 
 
@@ -295,12 +342,12 @@ async def test_kubectl_get_in_chunks_is_paged_by_the_hub_as_by_the_apiserver(
         via.watch(f"{cms}?watch=1", headers={"Accept": accept}) as watch,
     ):
         await watch.wait_for(lambda events: len(events) >= 8, what="the configmaps")
-        await direct.ok("POST", cms, body=configmap("last"))  # the collection moves
         direct_config = real_apiserver.write_kubeconfig(
             tmp_path / "direct", token=real_apiserver.token
         )
-        through = await kubectl(running.kubeconfig, *command)
-        oracle = await kubectl(direct_config, *command)
+        async with ticking(direct, cms):
+            through = await kubectl(running.kubeconfig, *command)
+            oracle = await kubectl(direct_config, *command)
         registry = running.proxy.metrics.registry
         outcomes = {
             name: registry.get_sample_value("watchproxy_consistent_lists_total", {"outcome": name})
@@ -315,4 +362,4 @@ async def test_kubectl_get_in_chunks_is_paged_by_the_hub_as_by_the_apiserver(
         return rows
 
     assert printed(through[1]) == printed(oracle[1]) and len(oracle[1].splitlines()) >= 9
-    assert outcomes == {"hub": 1, "page": 2}  # 9 configmaps in pages of 3
+    assert outcomes == {"hub": 1, "page": 2}  # 9 configmaps (the ticker too) in pages of 3
