@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.gobuild import go_binary, gosub_binary
+from bench.gobuild import go_binary
 
 MODES = ("direct", "proxy", "kubectl", "ceiling")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -186,7 +186,7 @@ class Bench:
     async def start(self) -> None:
         a = self.args
         if a.sub_impl == "go":
-            self.gosub = await asyncio.to_thread(gosub_binary)
+            self.gosub = await asyncio.to_thread(go_binary, "gosub")
         fake_args = ["--dir", self.workdir, "--objects", str(a.objects)]
         fake_args += ["--object-bytes", str(a.object_bytes)]
         if a.no_tls:

@@ -52,36 +52,59 @@ def is_fresh(binary: Path, sources: list[Path]) -> bool:
     return all(source.stat().st_mtime <= built for source in sources)
 
 
-def build_watchclient(*, timeout: float = BUILD_TIMEOUT) -> Path:
-    """The path of an up-to-date ``watchclient`` binary, built first if needed."""
-    if is_fresh(WATCHCLIENT, go_sources()):
-        return WATCHCLIENT
+def go_build(
+    module_dir: Path,
+    package: str,
+    binary: Path,
+    sources: list[Path],
+    *,
+    needed_by: str,
+    timeout: float = BUILD_TIMEOUT,
+) -> Path:
+    """``binary``, built from ``package`` of the Go module in ``module_dir`` first when it is
+    missing or older than one of ``sources``. ``needed_by`` names who needs Go, for the message
+    when it is not installed."""
+    if is_fresh(binary, sources):
+        return binary
     go = find_go()
     if go is None:
-        raise ToolchainMissing(
-            "go not found on PATH or at /usr/local/go/bin/go: the client-go tests need Go >= 1.25"
-        )
-    GO_BIN_DIR.mkdir(exist_ok=True)
+        raise ToolchainMissing(f"go not found on PATH or at {GO_FALLBACK}: {needed_by} Go >= 1.25")
+    binary.parent.mkdir(exist_ok=True)
     # Build next to the target and rename: an interrupted build never leaves a binary that
     # looks up to date.
-    partial = GO_BIN_DIR / ".watchclient.partial"
-    env = {**os.environ, "CGO_ENABLED": "0"}
+    partial = binary.parent / f".{binary.name}.partial"
     try:
         result = subprocess.run(
-            [go, "build", "-o", str(partial), "./watchclient"],
-            cwd=GO_DIR,
-            env=env,
+            [go, "build", "-o", str(partial), package],
+            cwd=module_dir,
+            env={**os.environ, "CGO_ENABLED": "0"},
             capture_output=True,
             text=True,
             timeout=timeout,
             check=False,
         )
     except subprocess.TimeoutExpired as exc:
-        raise BuildFailed(f"go build did not finish within {timeout:.0f} s") from exc
+        raise BuildFailed(
+            f"go build of {binary.name} did not finish within {timeout:.0f} s"
+        ) from exc
     if result.returncode != 0:
-        raise BuildFailed(f"go build failed ({result.returncode}):\n{result.stderr}")
-    os.replace(partial, WATCHCLIENT)
-    return WATCHCLIENT
+        raise BuildFailed(
+            f"go build of {binary.name} failed ({result.returncode}):\n{result.stderr}"
+        )
+    os.replace(partial, binary)
+    return binary
+
+
+def build_watchclient(*, timeout: float = BUILD_TIMEOUT) -> Path:
+    """The path of an up-to-date ``watchclient`` binary, built first if needed."""
+    return go_build(
+        GO_DIR,
+        "./watchclient",
+        WATCHCLIENT,
+        go_sources(),
+        needed_by="the client-go tests need",
+        timeout=timeout,
+    )
 
 
 def main() -> int:

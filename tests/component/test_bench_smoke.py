@@ -10,34 +10,47 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from bench.gobuild import go_binary, gosub_binary
+from bench.gobuild import go_binary
 from tests.clients.build import ToolchainMissing
 from tests.clients.build_rust_node import on_ci
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("sub_impl", ["go", "python"])
-def test_fanout_benchmark_runs_and_loses_nothing(tmp_path: Path, sub_impl: str) -> None:
-    if sub_impl == "go":
-        try:
-            gosub_binary()
-        except ToolchainMissing as exc:
-            if on_ci():
-                pytest.fail(f"{exc} (CI=true: a missing toolchain is a failure)")
-            pytest.skip(str(exc))
-    out = tmp_path / "fanout.json"
+def go_programs_or_skip(*names: str) -> None:
+    """Build the bench's Go programs; without Go the test skips, except on CI."""
+    try:
+        for name in names:
+            go_binary(name)
+    except ToolchainMissing as exc:
+        if on_ci():
+            pytest.fail(f"{exc} (CI=true: a missing toolchain is a failure)")
+        pytest.skip(str(exc))
+
+
+def run_fanout(out: Path, *args: str) -> list[dict[str, Any]]:
+    """``bench.fanout --quick --subscribers 1,5 --events 50 --rate 200 ARGS``: its cells, once
+    it exited 0 (nothing lost, repeated or reordered)."""
     command = [sys.executable, "-m", "bench.fanout", "--quick", "--subscribers", "1,5"]
-    command += ["--events", "50", "--rate", "200", "--json", str(out), "--sub-impl", sub_impl]
+    command += ["--events", "50", "--rate", "200", "--json", str(out), *args]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
         command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=90, check=False
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    cells = json.loads(out.read_text())["cells"]
+    cells: list[dict[str, Any]] = json.loads(out.read_text())["cells"]
+    return cells
+
+
+@pytest.mark.parametrize("sub_impl", ["go", "python"])
+def test_fanout_benchmark_runs_and_loses_nothing(tmp_path: Path, sub_impl: str) -> None:
+    if sub_impl == "go":
+        go_programs_or_skip("gosub")
+    cells = run_fanout(tmp_path / "fanout.json", "--sub-impl", sub_impl)
     assert {(c["phase"], c["subscribers"], c["mode"]) for c in cells} == {
         (phase, count, mode)
         for phase in ("paced", "max")
@@ -57,23 +70,10 @@ def test_fanout_benchmark_runs_and_loses_nothing(tmp_path: Path, sub_impl: str) 
 
 def test_kubectl_proxy_behind_the_tls_relay_gets_every_event(tmp_path: Path) -> None:
     """bench/gobroadcast: kubectl proxy's watches share the relay's one upstream watch."""
-    try:
-        go_binary("gobroadcast")
-        gosub_binary()
-    except ToolchainMissing as exc:
-        if on_ci():
-            pytest.fail(f"{exc} (CI=true: a missing toolchain is a failure)")
-        pytest.skip(str(exc))
-    out = tmp_path / "relay.json"
-    command = [sys.executable, "-m", "bench.fanout", "--quick", "--subscribers", "1,5"]
-    command += ["--phases", "paced", "--events", "50", "--rate", "200", "--modes", "kubectl"]
-    command += ["--kubectl-via-relay", "--json", str(out)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(
-        command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=90, check=False
+    go_programs_or_skip("gobroadcast", "gosub")
+    cells = run_fanout(
+        tmp_path / "relay.json", "--phases", "paced", "--modes", "kubectl", "--kubectl-via-relay"
     )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    cells = json.loads(out.read_text())["cells"]
     assert [(c["subscribers"], c["mode"]) for c in cells] == [(1, "kubectl"), (5, "kubectl")]
     for cell in cells:
         assert cell["faults"] == 0 and not cell["errors"], cell
