@@ -126,35 +126,15 @@ async def test_consistent_lists_of_a_busy_collection_are_answered_by_the_hub(
     cms = f"/api/v1/namespaces/{namespace}/configmaps"
     for i in range(20):
         await direct.ok("POST", cms, body=configmap(f"c{i:02}"))
-    await direct.ok("POST", cms, body=configmap("ticker"))
-    stop = asyncio.Event()
-
-    async def tick() -> None:  # keeps the collection moving, as a busy one does
-        for n in range(10_000):
-            if stop.is_set():
-                return
-            patch = {"data": {"n": str(n)}}
-            await direct.ok(
-                "PATCH",
-                f"{cms}/ticker",
-                body=patch,
-                content_type="application/merge-patch+json",
-            )
-            await asyncio.sleep(0.05)
-
     async with proxy(tmp_path, real_apiserver) as (running, via), via.watch(cms + "?watch=1"):
         metrics = running.proxy.metrics.registry
-        ticker = asyncio.create_task(tick())
-        try:
+        async with ticking(direct, cms):  # keeps the collection moving, as a busy one does
             before = await apiserver_lists(direct, "configmaps")
             for round_ in range(3):
                 await direct.ok("POST", cms, body=configmap(f"mark-{round_}"))
                 answers = await asyncio.gather(*(via.ok("GET", cms) for _ in range(20)))
                 for body in answers:
                     assert f"mark-{round_}" in {i["metadata"]["name"] for i in body["items"]}
-        finally:
-            stop.set()
-            await ticker
         from_hub = metrics.get_sample_value("watchproxy_consistent_lists_total", {"outcome": "hub"})
         probes = metrics.get_sample_value("watchproxy_freshness_probes_total") or 0
         batches = metrics.get_sample_value("watchproxy_list_batches_total") or 0

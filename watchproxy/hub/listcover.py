@@ -47,8 +47,8 @@ class Cover:
     def page_body(self, snapshot: Snapshot, page: Page) -> bytes:
         state = self.shared.cache.state
         if page.token is None:  # the last page: a LIST like any other
-            return state.encode_list(list(page.kept), snapshot.rv_str)
-        return state.encode_page(list(page.kept), snapshot.rv_str, page.token, page.remaining)
+            return state.encode_list(page.kept, snapshot.rv_str)
+        return state.encode_page(page.kept, snapshot.rv_str, page.token, page.remaining)
 
 
 def find_cover(

@@ -59,12 +59,12 @@ class Snapshot:
     rv: int
     rv_str: str
     keys: Sequence[str]  # full cache keys ("namespace/name" or "name"), sorted
-    kept: Sequence[Any]  # the objects as the representation keeps them, in the same order
+    kept: list[Any]  # the objects as the representation keeps them, in the same order
 
 
 @dataclass(frozen=True, slots=True)
 class Page:
-    kept: Sequence[Any]
+    kept: list[Any]  # a slice of the snapshot's: the page's own list, handed to the encoder
     token: str | None  # None on the last page
     remaining: int | None  # remainingItemCount, with the token
 

@@ -312,25 +312,19 @@ class Hub:
     def covering_watch(
         self, api_path: ApiPath, query: WatchQuery, headers: Headers
     ) -> Cover | None:
-        """What can answer a consistent LIST in one page (:meth:`paging_cover` for more)."""
-        if query.resource_version or query.continue_token or query.resource_version_match:
-            return None
-        cover = self.list_cover(api_path, query, headers)
-        if cover is None or (query.limit and cover.count() > query.limit):
-            return None
-        return cover
-
-    def paging_cover(self, api_path: ApiPath, query: WatchQuery, headers: Headers) -> Cover | None:
-        """What can answer a consistent LIST in pages, or a continuation of one (``listpages``):
-        a cover without selectors (the apiserver's remainingItemCount then counts exactly what
-        is left)."""
+        """What can answer a consistent LIST, or a continuation of one. Without selectors in
+        pages when it must (``listpages``: the apiserver's remainingItemCount then counts exactly
+        what is left); with selectors only a LIST its answer fits in one page of."""
         if query.resource_version or query.resource_version_match:
             return None
-        if not query.label_selector.matches_everything:
+        cover = self.list_cover(api_path, query, headers)
+        if cover is None:
             return None
-        if not query.field_selector.matches_everything:
+        if query.label_selector.matches_everything and query.field_selector.matches_everything:
+            return cover
+        if query.continue_token or (query.limit and cover.count() > query.limit):
             return None
-        return self.list_cover(api_path, query, headers)
+        return cover
 
     def list_cover(self, api_path: ApiPath, query: WatchQuery, headers: Headers) -> Cover | None:
         if query.timeout is not None and not is_go_duration(query.timeout):

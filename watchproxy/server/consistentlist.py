@@ -67,12 +67,10 @@ class ConsistentLists:
         if query.continue_token:
             return self._next_page(api_path, query, request.headers)
         cover = self.hub.covering_watch(api_path, query, request.headers)
-        paged = False
-        if cover is None and query.limit:  # more objects than the limit: page 1 of several
-            cover = self.hub.paging_cover(api_path, query, request.headers)
-            paged = cover is not None
         if cover is None:
             return None
+        # More objects than the limit: page 1 of several (a limit below 1 is no limit).
+        paged = query.limit is not None and 0 < query.limit < cover.count()
         outcomes = self.metrics.consistent_lists
         if not looks_busy(cover.shared, self.wait, self.clock()):
             outcomes.labels("quiet").inc()
@@ -100,7 +98,7 @@ class ConsistentLists:
         token = decode_continue(query.continue_token or "")
         if token is None:
             return None
-        cover = self.hub.paging_cover(api_path, query, headers)
+        cover = self.hub.covering_watch(api_path, query, headers)
         if cover is None:
             return None
         rv, start = token
