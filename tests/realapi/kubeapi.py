@@ -256,3 +256,35 @@ class TcpRelay:
             # One side ended: end both, as a TCP middlebox that lost its peer would.
             dst.transport.abort()
             self._writers.discard(dst)
+
+
+@contextlib.asynccontextmanager
+async def ticking(direct: Api, collection: str, ticker: dict[str, Any]) -> AsyncIterator[None]:
+    """``ticker``, created in ``collection`` and its annotation patched every 50 ms while the
+    block runs.
+
+    A consistent LIST is answered by the hub once its watch reaches the revision a probe read,
+    and the apiserver's own writes (its identity lease, every 10 s) move that revision without
+    an event on this watch: a quiet collection would then wait for nothing and go upstream. A
+    busy one, as in a cluster, catches up within a tick."""
+    await direct.ok("POST", collection, body=ticker)
+    stop = asyncio.Event()
+
+    async def tick() -> None:
+        for n in range(10_000):
+            if stop.is_set():
+                return
+            await direct.ok(
+                "PATCH",
+                f"{collection}/{ticker['metadata']['name']}",
+                body={"metadata": {"annotations": {"tick": str(n)}}},
+                content_type="application/merge-patch+json",
+            )
+            await asyncio.sleep(0.05)
+
+    task = asyncio.create_task(tick())
+    try:
+        yield
+    finally:
+        stop.set()
+        await task

@@ -6,18 +6,21 @@ order and continue tokens included; kubectl prints the same through watchproxy."
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
+import json
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.clients.build import build_watchclient
 from tests.harness import kubectl
 from tests.realapi.fixture import RealApiServer
-from tests.realapi.kubeapi import Api
-from tests.realapi.test_real_apiserver import configmap, proxy
+from tests.realapi.kubeapi import Api, ticking
+from tests.realapi.test_protobuf import protobuf_watch
+from tests.realapi.test_real_apiserver import configmap, pod, proxy
+from tests.realapi.test_real_clients import built
 
 TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
 # What kubectl get asks for, so that the watch's key is the LIST's.
@@ -25,37 +28,6 @@ KUBECTL_TABLE = (
     "application/json;as=Table;v=v1;g=meta.k8s.io,"
     "application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json"
 )
-
-
-@contextlib.asynccontextmanager
-async def ticking(direct: Api, collection: str) -> AsyncIterator[None]:
-    """A configmap ``ticker`` in ``collection`` patched every 50 ms while the block runs.
-
-    A consistent LIST is answered by the hub once its watch reaches the revision a probe read,
-    and the apiserver's own writes (its identity lease, every 10 s) move that revision without
-    an event on this watch: a quiet collection would then wait for nothing and go upstream. A
-    busy one, as in a cluster, catches up within a tick."""
-    await direct.ok("POST", collection, body=configmap("ticker"))
-    stop = asyncio.Event()
-
-    async def tick() -> None:
-        for n in range(10_000):
-            if stop.is_set():
-                return
-            await direct.ok(
-                "PATCH",
-                f"{collection}/ticker",
-                body={"data": {"v": str(n)}},  # the same keys: a table's DATA column stays
-                content_type="application/merge-patch+json",
-            )
-            await asyncio.sleep(0.05)
-
-    task = asyncio.create_task(tick())
-    try:
-        yield
-    finally:
-        stop.set()
-        await task
 
 
 def comparable_list(body: dict[str, Any]) -> dict[str, Any]:
@@ -128,7 +100,8 @@ async def test_consistent_lists_of_a_busy_collection_are_answered_by_the_hub(
         await direct.ok("POST", cms, body=configmap(f"c{i:02}"))
     async with proxy(tmp_path, real_apiserver) as (running, via), via.watch(cms + "?watch=1"):
         metrics = running.proxy.metrics.registry
-        async with ticking(direct, cms):  # keeps the collection moving, as a busy one does
+        # Keeps the collection moving, as a busy one does.
+        async with ticking(direct, cms, configmap("ticker")):
             before = await apiserver_lists(direct, "configmaps")
             for round_ in range(3):
                 await direct.ok("POST", cms, body=configmap(f"mark-{round_}"))
@@ -166,7 +139,8 @@ async def test_a_namespaced_list_is_answered_from_a_cluster_wide_watch(
         metrics = running.proxy.metrics.registry
         # Synced once the initial ADDEDs are out (ours, and those of other namespaces).
         await watch.wait_for(lambda events: len(events) >= 5, what="the initial configmaps")
-        async with ticking(direct, cms):  # the collection moves; then a write the LIST must see
+        # The collection moves; then a write the LIST must see.
+        async with ticking(direct, cms, configmap("ticker")):
             await direct.ok("POST", cms, body=configmap("mark"))
             via_body = await via.ok("GET", cms)
         served = metrics.get_sample_value("watchproxy_consistent_lists_total", {"outcome": "hub"})
@@ -207,7 +181,7 @@ async def test_lists_from_the_hub_equal_the_apiservers_in_body_and_order(
         await watch.wait_for(lambda events: len(events) >= 6, what="the new configmaps")
         from_cache = await via.ok("GET", f"{cms}?resourceVersion=0", headers=headers)
         oracle_cache = await direct.ok("GET", f"{cms}?resourceVersion=0", headers=headers)
-        async with ticking(direct, cms):
+        async with ticking(direct, cms, configmap("ticker")):
             consistent = await via.ok("GET", cms + "?limit=500", headers=headers)  # as kubectl
         rv = consistent["metadata"]["resourceVersion"]
         oracle = await direct.ok(
@@ -256,7 +230,7 @@ async def test_a_list_in_pages_from_the_hub_is_the_apiservers_list_at_one_revisi
     ):
         metrics = running.proxy.metrics.registry
         await watch.wait_for(lambda events: len(events) >= 8, what="the configmaps")
-        async with ticking(direct, cms):
+        async with ticking(direct, cms, configmap("ticker")):
             first = await via.ok("GET", f"{cms}?limit=3", headers=headers)
         rv = first["metadata"]["resourceVersion"]
         await direct.ok("POST", cms, body=configmap("c9"))  # after page 1: not in its list
@@ -319,7 +293,7 @@ async def test_kubectl_get_in_chunks_is_paged_by_the_hub_as_by_the_apiserver(
         direct_config = real_apiserver.write_kubeconfig(
             tmp_path / "direct", token=real_apiserver.token
         )
-        async with ticking(direct, cms):
+        async with ticking(direct, cms, configmap("ticker")):
             through = await kubectl(running.kubeconfig, *command)
             oracle = await kubectl(direct_config, *command)
         registry = running.proxy.metrics.registry
@@ -337,3 +311,46 @@ async def test_kubectl_get_in_chunks_is_paged_by_the_hub_as_by_the_apiserver(
 
     assert printed(through[1]) == printed(oracle[1]) and len(oracle[1].splitlines()) >= 9
     assert outcomes == {"hub": 1, "page": 2}  # 9 configmaps (the ticker too) in pages of 3
+
+
+async def test_client_go_pager_lists_in_pages_from_the_hub(
+    tmp_path: Path, real_apiserver: RealApiServer, direct: Api, namespace: str
+) -> None:
+    """client-go's ListPager (a reflector's relist; protobuf, as typed clients ask) through
+    watchproxy: every page from the hub, and the list is the apiserver's at its revision."""
+    go = built(build_watchclient)
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    for i in range(7):
+        await direct.ok("POST", pods, body=pod(f"p{i}"))
+    async with (
+        proxy(tmp_path, real_apiserver) as (running, via),
+        protobuf_watch(via, f"{pods}?watch=1") as held,  # the shared watch a relist finds
+    ):
+        await held.wait(lambda events: len(events) >= 7, "the pods")
+        async with ticking(direct, pods, pod("ticker")):
+            lister = await asyncio.create_subprocess_exec(
+                str(go),
+                "--mode=list",
+                "--protobuf",
+                "--page-size=3",
+                f"--namespace={namespace}",
+                env={**os.environ, "KUBECONFIG": running.kubeconfig},
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
+            stdout, stderr = await asyncio.wait_for(lister.communicate(), 30)
+        registry = running.proxy.metrics.registry
+        outcomes = {
+            name: registry.get_sample_value("watchproxy_consistent_lists_total", {"outcome": name})
+            for name in ("hub", "page")
+        }
+    assert lister.returncode == 0, stderr.decode()[-2000:]
+    lines = [json.loads(text) for text in stdout.splitlines()]
+    items = [(line["name"], line["resourceVersion"]) for line in lines if line["type"] == "ITEM"]
+    [rv] = [line["resourceVersion"] for line in lines if line["type"] == "LISTED"]
+    exact = await direct.ok("GET", f"{pods}?resourceVersion={rv}&resourceVersionMatch=Exact")
+    assert items == [
+        (i["metadata"]["name"], i["metadata"]["resourceVersion"]) for i in exact["items"]
+    ]
+    assert [name for name, _ in items] == [*(f"p{i}" for i in range(7)), "ticker"]
+    assert outcomes == {"hub": 1, "page": 2}  # 8 pods in pages of 3

@@ -18,8 +18,7 @@ import aiohttp
 
 from tests.harness import wait_for
 from tests.realapi.fixture import RealApiServer
-from tests.realapi.kubeapi import Api
-from tests.realapi.test_list_batch import ticking
+from tests.realapi.kubeapi import Api, ticking
 from tests.realapi.test_real_apiserver import configmap, proxy
 from watchproxy.kube.protobuf import PROTOBUF, ProtobufRepresentation
 
@@ -210,7 +209,8 @@ async def test_a_protobuf_list_in_pages_from_the_hub_is_the_apiservers_byte_for_
         protobuf_watch(via, f"{cms}?watch=1") as proxied,
     ):
         await proxied.wait(lambda events: len(events) >= 7, "the configmaps")
-        async with ticking(direct, cms):  # the collection moves, as a busy one does
+        # The collection moves, as a busy one does.
+        async with ticking(direct, cms, configmap("ticker")):
             first = await via.request("GET", cms + "?limit=3", headers=ACCEPT)
         assert first.status == 200
         names, rv, token = [], "", ""

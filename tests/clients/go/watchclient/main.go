@@ -38,11 +38,13 @@ type options struct {
 	kubeconfig   string
 	duration     time.Duration
 	watchTimeout time.Duration
+	pageSize     int64
 }
 
 func parseFlags() options {
 	var o options
-	flag.StringVar(&o.mode, "mode", "informer", "informer (SharedIndexInformer) or watch (plain Watch loop)")
+	flag.StringVar(&o.mode, "mode", "informer", "informer (SharedIndexInformer), watch (plain Watch loop) or list (one ListPager list)")
+	flag.Int64Var(&o.pageSize, "page-size", 500, "list mode: objects per page (client-go's default is 500)")
 	flag.StringVar(&o.contentType, "content-type", "json", "json, protobuf ("+protobuf+" with JSON as the fallback) or default (client-go's own choice)")
 	flag.BoolVar(&o.protobuf, "protobuf", false, "the same as --content-type=protobuf")
 	flag.StringVar(&o.namespace, "namespace", "", "namespace to watch (default: the kubeconfig context's, else default)")
@@ -92,8 +94,10 @@ func run(o options) error {
 		return runInformer(ctx, client, namespace, o.selector, out)
 	case "watch":
 		return runWatch(ctx, client, namespace, o.selector, o.watchTimeout, out)
+	case "list":
+		return runList(ctx, client, namespace, o.selector, o.pageSize, out)
 	default:
-		return fmt.Errorf("unknown --mode %q (informer or watch)", o.mode)
+		return fmt.Errorf("unknown --mode %q (informer, watch or list)", o.mode)
 	}
 }
 
