@@ -35,7 +35,11 @@ from typing import Any
 
 from bench.gobuild import go_binary
 
-MODES = ("direct", "proxy", "kubectl", "ceiling")
+MODES = ("direct", "proxy", "eager", "kubectl", "ceiling")
+# "eager" is watchproxy writing every event as it comes (no fan-out pacing), to show what the
+# pacing saves side by side; "proxy" runs with the defaults.
+EAGER_SETTINGS = ("hub.fanout_max_delay_seconds=0",)
+WATCHPROXY_MODES = {"proxy": "watchproxy", "eager": "watchproxy unpaced"}
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -177,6 +181,7 @@ class Bench:
         self.proxy = Child("proxy", workdir)
         self.ceiling = Child("ceiling", workdir)
         self.kubectl = Child("kubectl", workdir)
+        self.eager = Child("eager", workdir)
         self.relay = Child("relay", workdir)  # kubectl proxy's upstream with --kubectl-via-relay
         self.fake_info: dict[str, Any] = {}
         self.urls: dict[str, str] = {}
@@ -214,6 +219,10 @@ class Bench:
             "proxy": f"http://127.0.0.1:{proxy_info['port']}{path}",
             "ceiling": f"http://127.0.0.1:{ceiling_info['port']}{path}",
         }
+        if "eager" in a.modes:
+            settings = [word for setting in EAGER_SETTINGS for word in ("--set", setting)]
+            eager_info = await self.eager.start("bench.proxy", *proxy_args, *settings)
+            self.urls["eager"] = f"http://127.0.0.1:{eager_info['port']}{path}"
         if "kubectl" in a.modes:
             kubeconfig = self.fake_info["kubeconfig"]
             if a.kubectl_via_relay:
@@ -258,7 +267,11 @@ class Bench:
 
     async def stop(self) -> None:
         await asyncio.gather(
-            self.ceiling.stop(), self.proxy.stop(), self.kubectl.stop(), return_exceptions=True
+            self.ceiling.stop(),
+            self.proxy.stop(),
+            self.eager.stop(),
+            self.kubectl.stop(),
+            return_exceptions=True,
         )
         await self.relay.stop()
         await self.fake.stop()
@@ -338,7 +351,8 @@ class Bench:
         return cell
 
     def _cpu(self, mode: str, subs: list[tuple[Child, str]]) -> dict[str, float]:
-        server = {"proxy": self.proxy, "ceiling": self.ceiling, "kubectl": self.kubectl}.get(mode)
+        roles = {"proxy": self.proxy, "eager": self.eager, "ceiling": self.ceiling}
+        server = {**roles, "kubectl": self.kubectl}.get(mode)
         return {
             "fake": self.fake.cpu_seconds(),
             "server": server.cpu_seconds() if server is not None else 0.0,
@@ -419,18 +433,18 @@ def ratios(cells: list[Cell]) -> list[str]:
     ran, and their medians over the rounds when there are several."""
     out: list[str] = []
     by_key = {(c.phase, c.subscribers, c.mode, c.round): c for c in cells}
-    rounds: dict[tuple[str, int], list[dict[str, float]]] = {}
+    rounds: dict[tuple[str, int, str], list[dict[str, float]]] = {}
     for (phase, count, mode, round_no), c in by_key.items():
-        if mode != "proxy":
+        if mode not in WATCHPROXY_MODES:
             continue
         kubectl = by_key.get((phase, count, "kubectl", round_no))
         ceiling = by_key.get((phase, count, "ceiling", round_no))
         found = _cell_ratios(c, kubectl, ceiling)
         if found:
-            rounds.setdefault((phase, count), []).append(found)
+            rounds.setdefault((phase, count, mode), []).append(found)
             text = ", ".join(f"{name} {value:.2f}x" for name, value in found.items())
-            out.append(f"{phase} {count:>5}{_round_tag(c)}: watchproxy {text}")
-    for (phase, count), found_list in rounds.items():
+            out.append(f"{phase} {count:>5}{_round_tag(c)}: {WATCHPROXY_MODES[mode]} {text}")
+    for (phase, count, mode), found_list in rounds.items():
         if len(found_list) < 2:
             continue
         names = dict.fromkeys(name for found in found_list for name in found)
@@ -439,7 +453,8 @@ def ratios(cells: list[Cell]) -> list[str]:
             for name in names
         }
         text = ", ".join(f"{name} {value:.2f}x" for name, value in medians.items())
-        out.append(f"{phase} {count:>5} median of {len(found_list)} rounds: watchproxy {text}")
+        name = WATCHPROXY_MODES[mode]
+        out.append(f"{phase} {count:>5} median of {len(found_list)} rounds: {name} {text}")
     return out
 
 
@@ -518,7 +533,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-events", type=int, help="events per max cell (default 2x events)")
     parser.add_argument("--phases", default="paced,max", help="paced, max or both (default)")
     parser.add_argument(
-        "--modes", default="direct,proxy,ceiling", help="subset of direct,proxy,kubectl,ceiling"
+        "--modes",
+        default="direct,proxy,ceiling",
+        help="subset of direct,proxy,eager,kubectl,ceiling (eager: watchproxy without pacing)",
     )
     parser.add_argument(
         "--kubectl-proxy", action="store_true", help="add kubectl proxy (kubectl on PATH)"
@@ -565,7 +582,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.kubectl_proxy and "kubectl" not in args.modes:
         args.modes.append("kubectl")
     if not args.modes or not all(m in MODES for m in args.modes):
-        parser.error("--modes takes direct, proxy, kubectl and/or ceiling")
+        parser.error("--modes takes direct, proxy, eager, kubectl and/or ceiling")
     if args.profile_proxy:
         args.profile_proxy = os.path.abspath(args.profile_proxy)
     if not all(p in ("paced", "max") for p in args.phases):

@@ -1,6 +1,7 @@
 """Role: watchproxy itself, in front of the fake apiserver, on uvloop as ``watchproxy run`` is.
 
-``python -m bench.proxy --kubeconfig PATH [--max-lag N] [--profile OUT.prof] [--loop L]``
+``python -m bench.proxy --kubeconfig PATH [--max-lag N] [--set KEY=VALUE] [--profile OUT.prof]
+[--loop L]``
 prints ``{"port", "admin_port"}`` once the proxy reaches its upstream, and runs until ``quit``
 or end of stdin. ``--profile`` runs the whole process under cProfile and writes the stats on exit.
 """
@@ -35,6 +36,7 @@ async def main(args: argparse.Namespace) -> None:
             "limits": {"max_watches": 5000, "max_connections": 5000},
         },
         file_name="bench",
+        overrides=dict(setting.split("=", 1) for setting in args.set),
     )
     setup_logging(config.logging.level, as_json=False)
     proxy = Proxy(config, from_kubeconfig(args.kubeconfig))
@@ -59,6 +61,9 @@ def cli() -> None:
     parser = argparse.ArgumentParser(prog="bench.proxy")
     parser.add_argument("--kubeconfig", required=True)
     parser.add_argument("--max-lag", type=int, default=200_000)
+    parser.add_argument(
+        "--set", action="append", default=[], help="config key, e.g. hub.fanout_cpu_share=0.2"
+    )
     parser.add_argument("--profile", default="")
     parser.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop")
     args = parser.parse_args()

@@ -108,9 +108,7 @@ class Metrics:
             ["reason"],
         )
         self.client_connections = add(
-            Gauge,
-            "watchproxy_client_connections",
-            "Open client TCP connections on the API port.",
+            Gauge, "watchproxy_client_connections", "Open client TCP connections on the API port."
         )
         self.connections = add(
             Gauge,
@@ -169,10 +167,9 @@ class Metrics:
             "(a socket closed twice). Anything but 0 is a bug: see upstream/connector.py.",
         )
         self.watch_upstream_opens = add(
-            Counter,
-            "watchproxy_watch_upstream_opens",
+            Counter, "watchproxy_watch_upstream_opens",
             "Upstream lists and watches opened by shared watches.",
-        )
+        )  # fmt: skip
         self.backoff_delay = add(
             Gauge,
             "watchproxy_backoff_delay_seconds",
@@ -226,6 +223,12 @@ class Metrics:
             "Events written to client watches (replays and synthetic ADDED too), by resource.",
             ["resource"],
         )
+        self.fanout_delay = add(
+            Histogram, "watchproxy_fanout_delay_seconds",
+            "How long a key's fan-out held new events to write them to its caught-up clients "
+            "together (hub.fanout_cpu_share), per pass, by resource.", ["resource"],
+            buckets=LOOP_LAG_BUCKETS,
+        )  # fmt: skip
         self.bytes_sent = add(
             Counter,
             "watchproxy_watch_sent_bytes",
@@ -233,10 +236,9 @@ class Metrics:
             ["resource"],
         )
         self.history_events = add(
-            Gauge,
-            "watchproxy_watch_history_events",
+            Gauge, "watchproxy_watch_history_events",
             "Events held in the history rings of all shared watches.",
-        )
+        )  # fmt: skip
         # The hub feeds these three (set_function or set); see their attributes' comments.
         # history_bytes: per shared watch, the encoded bytes its history ring holds; label
         # ``key`` is the watch key as /debug/watches shows it; remove the child when the

@@ -8,7 +8,7 @@ from typing import Any
 
 import aiohttp
 
-from tests.harness import Running, read_watch, running_proxy, rv_of
+from tests.harness import Running, read_watch, running_proxy, rv_of, wait_for
 
 PODS = "/api/v1/namespaces/default/pods"
 
@@ -330,3 +330,53 @@ async def test_an_upstream_that_ends_watches_at_once_is_backed_off(tmp_path: Any
             await response.read()  # the client's own stream lasts its full 2 s
         # 2 s of instant upstream endings: the backoff (0.2, 0.4, 0.8, ...) allows a handful.
         assert watch_opens(running) <= 6, watch_opens(running)
+
+
+async def test_a_paced_fanout_batches_events_and_every_client_gets_the_apiservers_record(
+    tmp_path: Any,
+) -> None:
+    # A share so small that every pass is followed by the whole max delay: events that come
+    # during the pause are held and go out together. The clients must not see the difference.
+    pacing = {"hub.fanout_cpu_share": 0.0001, "hub.fanout_max_delay_seconds": 0.05}
+    async with (
+        running_proxy(tmp_path, pacing) as running,
+        aiohttp.ClientSession() as session,
+    ):
+        store = running.fake.store
+        start_rv = store.create("pods", "default", pod("web-0"))["metadata"]["resourceVersion"]
+        changes = 60
+        url = running.url + PODS + f"?watch=true&resourceVersion={start_rv}"
+        clients = [
+            asyncio.ensure_future(read_watch(session, url, until=lambda e: len(e) >= changes))
+            for _ in range(20)
+        ]
+        await wait_for(
+            lambda: running.proxy.metrics.subscribers.labels("v1/pods")._value.get() == 20
+        )  # type: ignore[attr-defined]
+        received = running.proxy.metrics.events_received.labels("v1/pods")
+        base = received._value.get()  # type: ignore[attr-defined]
+
+        def upstream_has(count: int) -> bool:
+            return bool(received._value.get() >= base + count)  # type: ignore[attr-defined]
+
+        for i in range(changes):
+            store.modify("pods", "default", "web-0", set_phase(f"P{i}"))
+            # One event per read upstream, so that only the pacing can put several in a write.
+            await wait_for(lambda: upstream_has(i + 1), what="the event upstream")  # noqa: B023
+        results = await asyncio.wait_for(asyncio.gather(*clients), 20)
+
+        record = store.changes_since("pods", int(start_rv))
+        expected = [(c.type, c.rv) for c in record]
+        assert len(expected) == changes
+        for events in results:
+            assert [(e["type"], int(rv_of(e))) for e in events] == expected
+        registry = running.proxy.metrics.registry
+        passes = registry.get_sample_value(
+            "watchproxy_fanout_delay_seconds_count", {"resource": "v1/pods"}
+        )
+        held = registry.get_sample_value(
+            "watchproxy_fanout_delay_seconds_sum", {"resource": "v1/pods"}
+        )
+        assert passes is not None and held is not None
+        assert passes < changes / 2  # several events to a write
+        assert held > 0.05

@@ -6,10 +6,13 @@ The sink is a fake of the port (``WatchSink``); the fan-out and the cache are th
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 from typing import Any
 
-from watchproxy.hub.fanout import Fanout, LiveCursor
+import pytest
+
+from watchproxy.hub.fanout import Fanout, FanoutPacing, LiveCursor
 from watchproxy.hub.watchcache import WatchCache
 from watchproxy.kube.representation import JsonRepresentation
 from watchproxy.metrics import Metrics
@@ -124,3 +127,87 @@ async def test_a_closed_key_wakes_every_parked_cursor() -> None:
     fanout.schedule()
     await asyncio.wait_for(wait, 1.0)
     assert len(fanout) == 0
+
+
+def test_pacing_holds_a_busy_fanout_to_its_cpu_share_and_no_longer_than_the_max_delay() -> None:
+    assert FanoutPacing().pause_after(1.0) == 0.0  # unpaced: every pass at once
+    assert FanoutPacing(max_delay=0.0, cpu_share=0.1).pause_after(1.0) == 0.0
+    pacing = FanoutPacing(max_delay=0.025, cpu_share=0.1)
+    # A pass of d seconds, then a pause of 9 d: the fan-out gets at most a tenth of the loop.
+    assert pacing.pause_after(0.001) == pytest.approx(0.009)
+    assert pacing.pause_after(0.0) == 0.0
+    assert pacing.pause_after(0.01) == 0.025  # capped: no event waits longer than max_delay
+    assert FanoutPacing(max_delay=0.025, cpu_share=1.0).pause_after(0.01) == 0.0
+
+
+class SlowSink(Sink):
+    """A sink whose every write blocks the loop for ``cost`` seconds, like 500 real writes do;
+    ``arrived`` is set at each write."""
+
+    def __init__(self, cost: float) -> None:
+        super().__init__()
+        self.cost = cost
+        self.arrived = asyncio.Event()
+
+    def send_framed(self, framed: bytes) -> bool:
+        time.sleep(self.cost)
+        self.arrived.set()
+        return super().send_framed(framed)
+
+
+async def test_events_after_a_costly_pass_wait_for_the_pause_and_go_out_in_one_write() -> None:
+    cache = WatchCache(JsonRepresentation(), capacity=1000, max_age=1e9, clock=lambda: 0.0)
+    cache.replace([pod("a", 1)], "1")
+    metrics = Metrics()
+    pacing = FanoutPacing(max_delay=0.5, cpu_share=0.05)
+    fanout = Fanout(cache, metrics, "pods", lambda: False, pacing)
+    sink = SlowSink(cost=0.01)  # a pass of >= 10 ms, so a pause of >= 190 ms (share 1/20)
+    wait = asyncio.create_task(fanout.wait(LiveCursor(sink, cache.next_seq, -1, -1), 30.0))  # type: ignore[arg-type]
+    await settle()
+    first = cache.apply("MODIFIED", pod("a", 2))
+    assert first is not None
+    fanout.schedule()
+    await asyncio.wait_for(sink.arrived.wait(), 5.0)  # the first pass is not held
+    assert sink.sent == [first.line]
+    sink.arrived.clear()
+    later = [cache.apply("MODIFIED", pod("a", rv)) for rv in (3, 4)]
+    fanout.schedule()
+    await asyncio.sleep(0)
+    later.append(cache.apply("MODIFIED", pod("a", 5)))
+    fanout.schedule()
+    held_since = time.monotonic()
+    await settle()
+    assert sink.sent == [first.line]  # held: the pass ran within the pause
+    await asyncio.wait_for(sink.arrived.wait(), 5.0)
+    held = time.monotonic() - held_since
+    assert sink.sent == [first.line, b"".join(e.line for e in later if e is not None)]
+    assert 0.1 < held < 0.5 + 0.25  # about 19 x the 10 ms pass, never past max_delay
+    delays = metrics.fanout_delay.labels("pods")
+    assert delays._sum.get() > 0.1  # the held pass was observed with its delay
+    wait.cancel()
+    await asyncio.gather(wait, return_exceptions=True)
+
+
+async def test_a_key_closed_during_the_pause_wakes_its_cursors_at_once() -> None:
+    cache = WatchCache(JsonRepresentation(), capacity=1000, max_age=1e9, clock=lambda: 0.0)
+    cache.replace([pod("a", 1)], "1")
+    closed = False
+    pacing = FanoutPacing(max_delay=60.0, cpu_share=0.0001)
+    fanout = Fanout(cache, Metrics(), "pods", lambda: closed, pacing)
+    sink = SlowSink(cost=0.005)
+    live = LiveCursor(sink, cache.next_seq, -1, -1)  # type: ignore[arg-type]
+    wait = asyncio.create_task(fanout.wait(live, 120.0))
+    await settle()
+    cache.apply("MODIFIED", pod("a", 2))
+    fanout.schedule()
+    await asyncio.wait_for(sink.arrived.wait(), 5.0)
+    cache.apply("MODIFIED", pod("a", 3))
+    fanout.schedule()  # held for up to a minute...
+    await settle()
+    assert not wait.done() and len(sink.sent) == 1
+    closed = True
+    fanout.schedule()  # ...but the end is not
+    await asyncio.wait_for(wait, 1.0)
+    # The held event was not written by the closing pass: the task resumes at its cursor and
+    # ends the stream itself, so it reads the rest from the history.
+    assert len(sink.sent) == 1 and live.cursor == cache.next_seq - 1

@@ -113,6 +113,8 @@ def _check(config: Config, where: str) -> None:
         raise ConfigError(f"{where}: hub.client_watch_max_seconds: must be >= the min")
     if h.upstream_watch_max_seconds < h.upstream_watch_min_seconds:
         raise ConfigError(f"{where}: hub.upstream_watch_max_seconds: must be >= the min")
+    if not 0 < h.fanout_cpu_share <= 1:
+        raise ConfigError(f"{where}: hub.fanout_cpu_share: must be > 0 and <= 1")
     if h.bookmark_interval_seconds <= 0:
         raise ConfigError(f"{where}: hub.bookmark_interval_seconds: must be > 0")
     if h.upstream_silence_seconds <= 0:
@@ -125,6 +127,7 @@ def _check(config: Config, where: str) -> None:
         "ratelimit.per_client_qps": config.ratelimit.per_client_qps,
         "ratelimit.watch_errors_per_second": config.ratelimit.watch_errors_per_second,
         "hub.linger_seconds": h.linger_seconds,
+        "hub.fanout_max_delay_seconds": h.fanout_max_delay_seconds,
         "limits.shutdown_grace_seconds": config.limits.shutdown_grace_seconds,
         "upstream.token_reload_seconds": config.upstream.token_reload_seconds,
         "upstream.stream_idle_timeout_seconds": config.upstream.stream_idle_timeout_seconds,

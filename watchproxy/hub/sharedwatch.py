@@ -23,7 +23,7 @@ from typing import Any
 
 from watchproxy.config import HubConfig
 from watchproxy.errors import UpstreamUnavailable
-from watchproxy.hub.fanout import Fanout
+from watchproxy.hub.fanout import Fanout, FanoutPacing
 from watchproxy.hub.fetcher import Fetcher
 from watchproxy.hub.historybudget import HistoryBudget
 from watchproxy.hub.machine import MachineConfig, Phase, SharedWatchMachine
@@ -131,7 +131,8 @@ class SharedWatch:
             took=self._took,
             cache_admits=cache_admits,
         )
-        self.fanout = Fanout(self.cache, metrics, key.resource_label, lambda: self.closed)
+        pacing = FanoutPacing(hub_config.fanout_max_delay_seconds, hub_config.fanout_cpu_share)
+        self.fanout = Fanout(self.cache, metrics, key.resource_label, lambda: self.closed, pacing)
         self.subscribers = 0
         self.cursors: dict[int, int] = {}  # id(subscriber) -> its next seq, for lag and /debug
         self.failure: UpstreamRefused | None = None
