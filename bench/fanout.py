@@ -204,13 +204,14 @@ class Bench:
         else:
             self.fake_info = await self.fake.start("bench.fake", *fake_args)
         proxy_args = ["--kubeconfig", self.fake_info["kubeconfig"]]
+        own_args = [word for setting in a.proxy_set for word in ("--set", setting)]
         if a.profile_proxy:
-            proxy_args += ["--profile", a.profile_proxy]
+            own_args += ["--profile", a.profile_proxy]
         ceiling_args = ["--upstream", self.fake_info["url"], "--token", self.fake_info["token"]]
         if not a.no_tls:
             ceiling_args += ["--ca", self.fake_info["ca"]]
         proxy_info, ceiling_info = await asyncio.gather(
-            self.proxy.start("bench.proxy", *proxy_args),
+            self.proxy.start("bench.proxy", *proxy_args, *own_args),
             self.ceiling.start("bench.ceiling", *ceiling_args),
         )
         path = "/api/v1/namespaces/default/configmaps"
@@ -569,6 +570,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="the Python fake, or kube-apiserver + etcd (bench.realapi; needs kubetestenv)",
     )
     parser.add_argument("--profile-proxy", default="", help="cProfile the proxy into this file")
+    parser.add_argument(
+        "--proxy-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config key for the proxy mode, e.g. hub.fanout_max_delay_seconds=0.015",
+    )
     args = parser.parse_args(argv)
     args.subscribers = [
         int(x)
