@@ -35,11 +35,11 @@ from typing import Any
 
 from bench.gobuild import go_binary
 
-MODES = ("direct", "proxy", "eager", "kubectl", "ceiling")
-# "eager" is watchproxy writing every event as it comes (no fan-out pacing), to show what the
-# pacing saves side by side; "proxy" runs with the defaults.
-EAGER_SETTINGS = ("hub.fanout_max_delay_seconds=0",)
-WATCHPROXY_MODES = {"proxy": "watchproxy", "eager": "watchproxy unpaced"}
+MODES = ("direct", "proxy", "pacing", "kubectl", "ceiling")
+# "pacing" is a second watchproxy with fan-out pacing on (docs/architecture.md), beside "proxy"
+# with the defaults (every event written as it comes), to show the trade side by side.
+PACING_SETTINGS = ("hub.fanout_max_delay_seconds=0.025", "hub.fanout_cpu_share=0.1")
+WATCHPROXY_MODES = {"proxy": "watchproxy", "pacing": "watchproxy with pacing"}
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -181,7 +181,7 @@ class Bench:
         self.proxy = Child("proxy", workdir)
         self.ceiling = Child("ceiling", workdir)
         self.kubectl = Child("kubectl", workdir)
-        self.eager = Child("eager", workdir)
+        self.pacing = Child("pacing", workdir)
         self.relay = Child("relay", workdir)  # kubectl proxy's upstream with --kubectl-via-relay
         self.fake_info: dict[str, Any] = {}
         self.urls: dict[str, str] = {}
@@ -220,10 +220,10 @@ class Bench:
             "proxy": f"http://127.0.0.1:{proxy_info['port']}{path}",
             "ceiling": f"http://127.0.0.1:{ceiling_info['port']}{path}",
         }
-        if "eager" in a.modes:
-            settings = [word for setting in EAGER_SETTINGS for word in ("--set", setting)]
-            eager_info = await self.eager.start("bench.proxy", *proxy_args, *settings)
-            self.urls["eager"] = f"http://127.0.0.1:{eager_info['port']}{path}"
+        if "pacing" in a.modes:
+            settings = [word for setting in PACING_SETTINGS for word in ("--set", setting)]
+            pacing_info = await self.pacing.start("bench.proxy", *proxy_args, *settings)
+            self.urls["pacing"] = f"http://127.0.0.1:{pacing_info['port']}{path}"
         if "kubectl" in a.modes:
             kubeconfig = self.fake_info["kubeconfig"]
             if a.kubectl_via_relay:
@@ -270,7 +270,7 @@ class Bench:
         await asyncio.gather(
             self.ceiling.stop(),
             self.proxy.stop(),
-            self.eager.stop(),
+            self.pacing.stop(),
             self.kubectl.stop(),
             return_exceptions=True,
         )
@@ -352,7 +352,7 @@ class Bench:
         return cell
 
     def _cpu(self, mode: str, subs: list[tuple[Child, str]]) -> dict[str, float]:
-        roles = {"proxy": self.proxy, "eager": self.eager, "ceiling": self.ceiling}
+        roles = {"proxy": self.proxy, "pacing": self.pacing, "ceiling": self.ceiling}
         server = {**roles, "kubectl": self.kubectl}.get(mode)
         return {
             "fake": self.fake.cpu_seconds(),
@@ -536,7 +536,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--modes",
         default="direct,proxy,ceiling",
-        help="subset of direct,proxy,eager,kubectl,ceiling (eager: watchproxy without pacing)",
+        help="subset of direct,proxy,pacing,kubectl,ceiling (pacing: watchproxy, fan-out paced)",
     )
     parser.add_argument(
         "--kubectl-proxy", action="store_true", help="add kubectl proxy (kubectl on PATH)"
@@ -590,7 +590,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.kubectl_proxy and "kubectl" not in args.modes:
         args.modes.append("kubectl")
     if not args.modes or not all(m in MODES for m in args.modes):
-        parser.error("--modes takes direct, proxy, eager, kubectl and/or ceiling")
+        parser.error("--modes takes direct, proxy, pacing, kubectl and/or ceiling")
     if args.profile_proxy:
         args.profile_proxy = os.path.abspath(args.profile_proxy)
     if not all(p in ("paced", "max") for p in args.phases):

@@ -80,9 +80,9 @@ class HubConfig:
     # this long (0: always from the apiserver).
     consistent_list_wait_seconds: float = 0.5
     linger_seconds: float = 30.0
-    # A key's fan-out that would take more than fanout_cpu_share of a core writing its events one
-    # by one batches them instead, holding each at most fanout_max_delay_seconds (0: never).
-    fanout_max_delay_seconds: float = 0.025
+    # Fan-out pacing (0: off, every event written as it comes): a key's fan-out that would take
+    # more than fanout_cpu_share of a core batches its events, holding each at most this long.
+    fanout_max_delay_seconds: float = 0.0
     fanout_cpu_share: float = 0.1
     max_subscriber_lag: int = 5000
     slow_subscriber_timeout_seconds: float = 30.0
