@@ -380,3 +380,31 @@ async def test_a_paced_fanout_batches_events_and_every_client_gets_the_apiserver
         assert passes is not None and held is not None
         assert passes < changes / 2  # several events to a write
         assert held > 0.05
+
+
+async def test_a_client_that_leaves_a_quiet_watch_is_noticed_and_the_others_stay(
+    tmp_path: Any,
+) -> None:
+    async with running_proxy(tmp_path) as running:
+        store = running.fake.store
+        store.create("pods", "default", pod("web-0"))
+        url = running.url + PODS + "?watch=true"
+        subscribers = running.proxy.metrics.subscribers.labels("v1/pods")
+        sessions = [aiohttp.ClientSession() for _ in range(3)]
+        responses: list[aiohttp.ClientResponse] = []
+        try:
+            responses += [await session.get(url) for session in sessions]
+            for response in responses:
+                assert (await response.content.readline()).startswith(b'{"type":"ADDED"')
+            assert subscribers._value.get() == 3  # type: ignore[attr-defined]
+            await sessions[1].close()  # its connection closes; the key stays quiet
+            await wait_for(lambda: subscribers._value.get() == 2, timeout=15, what="the sweep")  # type: ignore[attr-defined]
+            store.modify("pods", "default", "web-0", set_phase("Running"))
+            for response in (responses[0], responses[2]):
+                line = json.loads(await asyncio.wait_for(response.content.readline(), 5))
+                assert line["type"] == "MODIFIED"
+        finally:
+            for response in responses:
+                response.close()
+            for session in sessions:
+                await session.close()
