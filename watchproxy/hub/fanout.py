@@ -39,13 +39,6 @@ from watchproxy.metrics import Metrics
 
 GroupKey = tuple[int, int, int]  # (cursor, start_rv, min_rv)
 
-# How often the fan-out looks for parked clients that have gone (a quiet key writes nothing
-# that would show it). One sweep of is_closing() calls, not a wake-up of every subscriber's
-# task: 500 subscribers parked together used to wake together every 5 s, and the events that
-# came during that burst waited for it (p99 13-16 ms against 10-11 ms without the burst, at 500
-# subscribers and 100 events/s).
-LIVENESS_SWEEP_SECONDS = 5.0
-
 
 def _wake(waiter: asyncio.Future[None]) -> None:
     if not waiter.done():
@@ -90,11 +83,8 @@ class Fanout:
         label: str,
         closed: Callable[[], bool],
         pacing: FanoutPacing = FanoutPacing(),
-        sweep_interval: float = LIVENESS_SWEEP_SECONDS,
     ) -> None:
         self._cache = cache
-        self._sweep_interval = sweep_interval
-        self._sweep_handle: asyncio.TimerHandle | None = None
         self._closed = closed
         self._pacing = pacing
         self._sent = metrics.events_sent.labels(label)
@@ -111,16 +101,13 @@ class Fanout:
     async def wait(self, live: LiveCursor, timeout: float) -> None:
         """Park ``live`` until it is kicked or ``timeout`` passes; it leaves the pass after.
 
-        Meanwhile the fan-out advances ``live.cursor`` over what it wrote for it, and kicks it
-        if its client goes away.
+        Meanwhile the fan-out advances ``live.cursor`` over what it wrote for it.
         """
         loop = asyncio.get_running_loop()
         waiter = live.waiter = loop.create_future()
         live.paused = False
         key = (live.cursor, live.start_rv, live.min_rv)
         self._groups.setdefault(key, {})[live] = None
-        if self._sweep_handle is None:
-            self._sweep_handle = loop.call_later(self._sweep_interval, self._sweep)
         timer = loop.call_later(timeout, _wake, waiter)
         try:
             await waiter
@@ -138,17 +125,6 @@ class Fanout:
     def _kick(self, live: LiveCursor) -> None:
         if live.waiter is not None:
             _wake(live.waiter)
-
-    def _sweep(self) -> None:
-        self._sweep_handle = None
-        gone = [
-            live for group in self._groups.values() for live in group if live.sink.client_gone()
-        ]
-        for live in gone:
-            self._kick(live)  # its task sees the client gone and ends the stream
-        if self._groups:
-            loop = asyncio.get_running_loop()
-            self._sweep_handle = loop.call_later(self._sweep_interval, self._sweep)
 
     def schedule(self) -> None:
         """The cache changed: run one pass at the end of this loop iteration, or after the pause."""

@@ -22,8 +22,7 @@ from watchproxy.metrics import Metrics
 
 log = logging.getLogger("watchproxy.hub")
 
-# How often a subscriber waiting outside the fan-out (for its first line) checks that its client
-# is still connected; the fan-out sweeps its parked ones itself.
+# How often an idle subscriber checks that its client is still connected.
 LIVENESS_POLL_SECONDS = 5.0
 
 
@@ -167,15 +166,14 @@ class Subscriber:
                     next_bookmark = now + self.options.bookmark_interval
                     continue
                 wake = min(deadline, next_bookmark if self.options.bookmarks else deadline)
-                timeout = max(0.0, wake - now)
+                timeout = min(max(0.0, wake - now), LIVENESS_POLL_SECONDS)
                 if first_line:
                     # Its first line may need the Table fix-up: this one waits and writes itself.
-                    await self.shared.wait_change(min(timeout, LIVENESS_POLL_SECONDS))
+                    await self.shared.wait_change(timeout)
                 else:
-                    # Caught up: the key's fan-out writes for it until it is kicked (its buffer
-                    # is full, its client has gone, the key needs it to decide) or times out
-                    # (deadline, bookmark); then this loop resumes at its cursor, so whatever
-                    # the fan-out had not written yet goes out before a bookmark.
+                    # Caught up: the key's fan-out writes for it until it is kicked or times
+                    # out (deadline, bookmark, liveness); then this loop resumes at its cursor,
+                    # so whatever the fan-out had not written yet goes out before a bookmark.
                     live.cursor, live.min_rv = cursor, min_rv
                     await self.shared.fanout.wait(live, timeout)
                     cursor, min_rv = live.cursor, live.min_rv
