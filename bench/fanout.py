@@ -35,11 +35,18 @@ from typing import Any
 
 from bench.gobuild import go_binary
 
-MODES = ("direct", "proxy", "pacing", "kubectl", "ceiling")
+MODES = ("direct", "proxy", "pacing", "baseline", "kubectl", "ceiling")
 # "pacing" is a second watchproxy with fan-out pacing on (docs/architecture.md), beside "proxy"
 # with the defaults (every event written as it comes), to show the trade side by side.
 PACING_SETTINGS = ("hub.fanout_max_delay_seconds=0.025", "hub.fanout_cpu_share=0.1")
-WATCHPROXY_MODES = {"proxy": "watchproxy", "pacing": "watchproxy with pacing"}
+WATCHPROXY_MODES = {
+    "proxy": "watchproxy",
+    "pacing": "watchproxy with pacing",
+    "baseline": "watchproxy at --baseline",
+}
+# "baseline" is watchproxy as it was at a git ref (--baseline), from a worktree of this
+# repository, so that a change is measured against what it changes in the same rounds.
+ROOT = Path(__file__).resolve().parent.parent
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -56,15 +63,24 @@ class Child:
         self.process: asyncio.subprocess.Process | None = None
         self.cpu_pid: int | None = None  # whose CPU to read, when not the role process's own
 
-    async def start(self, module: str, *args: str, timeout: float = 60.0) -> dict[str, Any]:
-        return await self.start_program(sys.executable, "-m", module, *args, timeout=timeout)
+    async def start(
+        self, module: str, *args: str, timeout: float = 60.0, cwd: str | None = None
+    ) -> dict[str, Any]:
+        argv = (sys.executable, "-m", module, *args)
+        return await self.start_program(*argv, timeout=timeout, cwd=cwd)
 
     async def start_program(
-        self, *argv: str, timeout: float = 60.0, env: dict[str, str] | None = None
+        self,
+        *argv: str,
+        timeout: float = 60.0,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
     ) -> dict[str, Any]:
+        # cwd: ``python -m`` imports from it first (the baseline's worktree).
         with open(self.log_path, "ab") as log:
             self.process = await asyncio.create_subprocess_exec(
                 *argv,
+                cwd=cwd,
                 env=None if env is None else {**os.environ, **env},
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
@@ -173,6 +189,14 @@ def percentile(ordered: list[int], p: float) -> int:
     return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
 
 
+async def _git(*args: str) -> None:
+    process = await asyncio.create_subprocess_exec(
+        "git", "-C", str(ROOT), *args, stdout=asyncio.subprocess.DEVNULL
+    )
+    if await process.wait() != 0:
+        raise RoleError(f"git {' '.join(args)} failed")
+
+
 class Bench:
     def __init__(self, args: argparse.Namespace, workdir: str) -> None:
         self.args = args
@@ -182,6 +206,8 @@ class Bench:
         self.ceiling = Child("ceiling", workdir)
         self.kubectl = Child("kubectl", workdir)
         self.pacing = Child("pacing", workdir)
+        self.baseline = Child("baseline", workdir)
+        self.baseline_tree = ""  # the --baseline worktree, removed at stop
         self.relay = Child("relay", workdir)  # kubectl proxy's upstream with --kubectl-via-relay
         self.fake_info: dict[str, Any] = {}
         self.urls: dict[str, str] = {}
@@ -224,6 +250,11 @@ class Bench:
             settings = [word for setting in PACING_SETTINGS for word in ("--set", setting)]
             pacing_info = await self.pacing.start("bench.proxy", *proxy_args, *settings)
             self.urls["pacing"] = f"http://127.0.0.1:{pacing_info['port']}{path}"
+        if "baseline" in a.modes:
+            self.baseline_tree = os.path.join(self.workdir, "baseline")
+            await _git("worktree", "add", "--detach", self.baseline_tree, a.baseline)
+            info = await self.baseline.start("bench.proxy", *proxy_args, cwd=self.baseline_tree)
+            self.urls["baseline"] = f"http://127.0.0.1:{info['port']}{path}"
         if "kubectl" in a.modes:
             kubeconfig = self.fake_info["kubeconfig"]
             if a.kubectl_via_relay:
@@ -271,11 +302,14 @@ class Bench:
             self.ceiling.stop(),
             self.proxy.stop(),
             self.pacing.stop(),
+            self.baseline.stop(),
             self.kubectl.stop(),
             return_exceptions=True,
         )
         await self.relay.stop()
         await self.fake.stop()
+        if self.baseline_tree:
+            await _git("worktree", "remove", "--force", self.baseline_tree)
 
     async def _quiet_upstream(self) -> dict[str, Any]:
         """Wait until the previous cell's watches are gone (bounded), return the fake's state."""
@@ -352,7 +386,12 @@ class Bench:
         return cell
 
     def _cpu(self, mode: str, subs: list[tuple[Child, str]]) -> dict[str, float]:
-        roles = {"proxy": self.proxy, "pacing": self.pacing, "ceiling": self.ceiling}
+        roles = {
+            "proxy": self.proxy,
+            "pacing": self.pacing,
+            "baseline": self.baseline,
+            "ceiling": self.ceiling,
+        }
         server = {**roles, "kubectl": self.kubectl}.get(mode)
         return {
             "fake": self.fake.cpu_seconds(),
@@ -536,7 +575,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--modes",
         default="direct,proxy,ceiling",
-        help="subset of direct,proxy,pacing,kubectl,ceiling (pacing: watchproxy, fan-out paced)",
+        help="subset of direct,proxy,pacing,baseline,kubectl,ceiling (see bench/README.md)",
     )
     parser.add_argument(
         "--kubectl-proxy", action="store_true", help="add kubectl proxy (kubectl on PATH)"
@@ -571,6 +610,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--profile-proxy", default="", help="cProfile the proxy into this file")
     parser.add_argument(
+        "--baseline",
+        default="",
+        metavar="REF",
+        help="add mode baseline: watchproxy at this git ref (a worktree), e.g. HEAD~1 or main",
+    )
+    parser.add_argument(
         "--proxy-set",
         action="append",
         default=[],
@@ -589,8 +634,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.modes = [m for m in args.modes.split(",") if m]
     if args.kubectl_proxy and "kubectl" not in args.modes:
         args.modes.append("kubectl")
+    if args.baseline and "baseline" not in args.modes:
+        args.modes.append("baseline")
+    if "baseline" in args.modes and not args.baseline:
+        parser.error("mode baseline needs --baseline REF")
     if not args.modes or not all(m in MODES for m in args.modes):
-        parser.error("--modes takes direct, proxy, pacing, kubectl and/or ceiling")
+        parser.error("--modes takes direct, proxy, pacing, baseline, kubectl and/or ceiling")
     if args.profile_proxy:
         args.profile_proxy = os.path.abspath(args.profile_proxy)
     if not all(p in ("paced", "max") for p in args.phases):

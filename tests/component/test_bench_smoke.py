@@ -95,3 +95,23 @@ def test_outage_comparison_runs_and_loses_nothing() -> None:
     [result] = json.loads(done.stdout[: done.stdout.index("]") + 1])
     assert result["every_watcher_got_every_event_once_in_order"]
     assert result["watch_reconnects"] == 0  # streams stayed open through the outage
+
+
+def test_a_baseline_from_a_git_worktree_runs_beside_the_proxy(tmp_path: Path) -> None:
+    """--baseline REF: watchproxy as it was at REF, in the same rounds, and the worktree goes."""
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    go_programs_or_skip("gosub")
+    cells = run_fanout(
+        tmp_path / "baseline.json", "--phases", "paced", "--modes", "proxy", "--baseline", "HEAD"
+    )
+    assert [(c["subscribers"], c["mode"]) for c in cells] == [
+        (1, "proxy"), (1, "baseline"), (5, "proxy"), (5, "baseline"),
+    ]  # fmt: skip
+    for cell in cells:
+        assert cell["faults"] == 0 and not cell["errors"], cell
+        assert cell["delivered"] == cell["events"] * cell["subscribers"], cell
+    listed = subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "list"], capture_output=True, text=True, check=True
+    )
+    assert "baseline" not in listed.stdout
