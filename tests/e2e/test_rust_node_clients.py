@@ -10,12 +10,14 @@ events after it, and the state a reflector would end with.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import yaml
 
@@ -247,3 +249,74 @@ async def test_kubers_direct_without_backoff_relists_nothing_after_a_cut(
         await caught_up(client, log)
     assert check("kube-rs", client.lines, log) == [], client.report()
     assert inits(client.lines) == 1, client.report()
+
+
+@contextlib.asynccontextmanager
+async def busy_and_shared(run: Running) -> AsyncIterator[None]:
+    """A client watch holding the pods' shared watch open, and a pod created every 10 ms, so
+    that a consistent LIST of them is the hub's to answer (docs/lists.md)."""
+    stop = asyncio.Event()
+
+    async def watch(session: aiohttp.ClientSession) -> None:
+        async with session.get(run.url + "/api/v1/namespaces/default/pods?watch=1") as response:
+            assert response.status == 200
+            while not stop.is_set() and await response.content.readline():
+                pass
+
+    async def write() -> None:
+        for i in range(100_000):
+            run.fake.store.create("pods", "default", pod(f"busy-{i:05}"))
+            await asyncio.sleep(0.01)
+
+    async with aiohttp.ClientSession() as session:
+        tasks = [asyncio.create_task(watch(session)), asyncio.create_task(write())]
+        try:
+            await wait_for(lambda: watching(run, "watchproxy"), what="the shared watch")
+            yield
+        finally:
+            stop.set()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_kubers_lists_in_pages_from_the_hub(kubewatch: Path, tmp_path: Path) -> None:
+    """kube-rs's watcher listing consistently (``ListSemantic::MostRecent``) in pages of 10
+    through watchproxy while pods keep coming: page 1 from the hub once it is current, every
+    later page from its snapshot (no continued LIST reaches the apiserver), and the watcher's
+    lines are the store's record."""
+    async with running_proxy(tmp_path, {"hub.consistent_list_wait_seconds": 2.0}) as run:
+        log = ChangeLog(run.fake.store)
+        try:
+            for i in range(25):
+                run.fake.store.create("pods", "default", pod(f"seed-{i:02}"))
+            argv = [str(kubewatch), "--backoff", "default", "--page-size", "10"]
+            argv += ["--list-semantic", "most-recent"]
+            env = {**os.environ, "KUBECONFIG": run.kubeconfig}
+            client = ClientProcess("kube-rs", argv, env=env, log_path=tmp_path / "kubers.stderr")
+            async with busy_and_shared(run):
+                await client.start()
+                try:
+                    await client.wait_until(
+                        lambda ls: any(line["type"] == "InitDone" for line in ls),
+                        what="the paged list",
+                        timeout=20,
+                    )
+                except BaseException:
+                    await client.stop()
+                    raise
+            try:
+                await caught_up(client, log)
+            finally:
+                await client.stop()
+        finally:
+            log.close()
+    registry = run.proxy.metrics.registry
+    pages = registry.get_sample_value("watchproxy_consistent_lists_total", {"outcome": "page"})
+    continued = [r for r in run.fake.stats.requests if "continue=" in r.query_string]
+    init_applies = sum(1 for line in client.lines if line["type"] == "InitApply")
+    assert not errors(client.lines), client.report()
+    assert inits(client.lines) == 1, client.report()
+    assert check("kube-rs", client.lines, log) == [], client.report()
+    assert init_applies >= 25 and pages == (init_applies + 9) // 10 - 1, (init_applies, pages)
+    assert continued == []

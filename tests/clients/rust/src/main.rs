@@ -6,6 +6,12 @@
 //! the kube-rs issue "Add backoff to watcher reconnection") or with `.default_backoff()`.
 //!
 //!     kubewatch --backoff none|default [--namespace NS] [--duration SECONDS] [--watchers N]
+//!               [--page-size N] [--list-semantic any|most-recent]
+//!
+//! --page-size and --list-semantic set the watcher's `page_size` (500 by default) and
+//! `list_semantic`. kube-rs lists with resourceVersion=0 by default (`Any`), which the
+//! apiserver answers from its cache whole, page size or not; `most-recent` lists consistently,
+//! in pages, as client-go's reflector does.
 //!
 //! Reads KUBECONFIG like any kube-rs program. Output, one line per watcher event, flushed per line:
 //!     {"watcher":0,"type":"Apply","namespace":"default","name":"p1","resourceVersion":"12"}
@@ -35,10 +41,19 @@ struct Args {
     namespace: String,
     duration: Option<Duration>,
     watchers: usize,
+    page_size: Option<u32>,
+    most_recent: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
-    let mut args = Args { backoff: Backoff::None, namespace: "default".into(), duration: None, watchers: 1 };
+    let mut args = Args {
+        backoff: Backoff::None,
+        namespace: "default".into(),
+        duration: None,
+        watchers: 1,
+        page_size: None,
+        most_recent: false,
+    };
     let mut backoff_given = false;
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -59,6 +74,16 @@ fn parse_args() -> Result<Args, String> {
             }
             "--watchers" => {
                 args.watchers = value()?.parse().map_err(|e| format!("--watchers: {e}"))?;
+            }
+            "--list-semantic" => {
+                args.most_recent = match value()?.as_str() {
+                    "any" => false,
+                    "most-recent" => true,
+                    other => return Err(format!("--list-semantic must be any or most-recent, not {other}")),
+                }
+            }
+            "--page-size" => {
+                args.page_size = Some(value()?.parse().map_err(|e| format!("--page-size: {e}"))?);
             }
             other => return Err(format!("unknown argument {other}")),
         }
@@ -117,7 +142,14 @@ async fn run(args: Args) -> Result<(), String> {
         // One client per watcher: separate connections, as separate controllers would have.
         let client = Client::try_from(config.clone()).map_err(|e| format!("client: {e}"))?;
         let api: Api<Pod> = Api::namespaced(client, &args.namespace);
-        let stream = watcher::watcher(api, watcher::Config::default());
+        let mut watch_config = watcher::Config::default();
+        if let Some(size) = args.page_size {
+            watch_config = watch_config.page_size(size);
+        }
+        if args.most_recent {
+            watch_config = watch_config.list_semantic(watcher::ListSemantic::MostRecent);
+        }
+        let stream = watcher::watcher(api, watch_config);
         match args.backoff {
             Backoff::None => tasks.spawn(drain(index, stream)),
             Backoff::Default => tasks.spawn(drain(index, stream.default_backoff())),
