@@ -15,6 +15,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.clients.build import build_watchclient
+from tests.clients.build_rust_node import build_kubewatch
+from tests.clients.process import ClientProcess
 from tests.harness import kubectl
 from tests.realapi.fixture import RealApiServer
 from tests.realapi.kubeapi import Api, ticking
@@ -353,4 +355,52 @@ async def test_client_go_pager_lists_in_pages_from_the_hub(
         (i["metadata"]["name"], i["metadata"]["resourceVersion"]) for i in exact["items"]
     ]
     assert [name for name, _ in items] == [*(f"p{i}" for i in range(7)), "ticker"]
+    assert outcomes == {"hub": 1, "page": 2}  # 8 pods in pages of 3
+
+
+async def test_kube_rs_watcher_lists_in_pages_from_the_hub(
+    tmp_path: Path, real_apiserver: RealApiServer, direct: Api, namespace: str
+) -> None:
+    """kube-rs's ``watcher`` listing consistently (``ListSemantic::MostRecent``, pages of 3)
+    through watchproxy: every page from the hub, and what it applies is the apiserver's list."""
+    kubewatch = built(build_kubewatch)
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    for i in range(7):
+        await direct.ok("POST", pods, body=pod(f"p{i}"))
+    argv = [str(kubewatch), "--backoff", "default", "--namespace", namespace]
+    argv += ["--page-size", "3", "--list-semantic", "most-recent"]
+    async with (
+        proxy(tmp_path, real_apiserver) as (running, via),
+        via.watch(f"{pods}?watch=1") as held,  # the shared watch kube-rs's LIST finds
+    ):
+        await held.wait_for(lambda events: len(events) >= 7, what="the pods")
+        env = {**os.environ, "KUBECONFIG": running.kubeconfig}
+        client = ClientProcess("kube-rs", argv, env=env, log_path=tmp_path / "kubers.stderr")
+        async with ticking(direct, pods, pod("ticker")):
+            await client.start()
+            try:
+                await client.wait_until(
+                    lambda ls: any(line["type"] == "InitDone" for line in ls), what="the list"
+                )
+            finally:
+                await client.stop()
+        registry = running.proxy.metrics.registry
+        outcomes = {
+            name: registry.get_sample_value("watchproxy_consistent_lists_total", {"outcome": name})
+            for name in ("hub", "page")
+        }
+    applied = [
+        (line["name"], line["resourceVersion"])
+        for line in client.lines
+        if line["type"] == "InitApply"
+    ]
+    assert [line["type"] for line in client.lines[:1]] == ["Init"], client.report()
+    # Nothing else changes in the namespace, so its list at the ticker's revision is the list at
+    # the page's revision, whichever it was.
+    [ticker_rv] = [rv for name, rv in applied if name == "ticker"]
+    exact = await direct.ok("GET", f"{pods}?resourceVersion={ticker_rv}&resourceVersionMatch=Exact")
+    assert applied == [
+        (i["metadata"]["name"], i["metadata"]["resourceVersion"]) for i in exact["items"]
+    ]
+    assert [name for name, _ in applied] == [*(f"p{i}" for i in range(7)), "ticker"]
     assert outcomes == {"hub": 1, "page": 2}  # 8 pods in pages of 3
