@@ -49,6 +49,9 @@ def test_env_parses_types_and_lists() -> None:
         ({"security": {"rules": [{"action": "deny"}]}}, "rules[0].path: required key"),
         ({"listen": []}, "c.yaml: listen: expected a mapping"),
         ({"ratelimit": {"qps": -1}}, "ratelimit.qps: must be >= 0"),
+        ({"hub": {"fanout_cpu_share": 0}}, "hub.fanout_cpu_share: must be > 0 and <= 1"),
+        ({"hub": {"fanout_cpu_share": 1.5}}, "hub.fanout_cpu_share: must be > 0 and <= 1"),
+        ({"hub": {"fanout_max_delay_seconds": -1}}, "hub.fanout_max_delay_seconds: must be >= 0"),
     ],
 )
 def test_bad_config_names_the_key(data: dict[str, object], message: str) -> None:
