@@ -3,6 +3,8 @@ byte bound (``WatchCache(max_bytes=...)``)."""
 
 from __future__ import annotations
 
+import tracemalloc
+
 import pytest
 
 from tests.unit.test_watchcache import FakeClock, pod
@@ -118,3 +120,26 @@ def test_a_subscriber_writes_its_backlog_in_bounded_batches() -> None:
     assert list(batch) == list(backlog[: len(batch)])
     one = first_batch(backlog[:1])
     assert len(one) == 1  # an event larger than a batch still goes out, alone
+
+
+def test_evicted_events_are_freed_not_kept_until_the_ring_is_compacted() -> None:
+    """The memory a ring holds is its budget: an evicted line goes at once. Before, each slot
+    kept its event until the list was compacted (past 1,024 dropped slots and half the list),
+    so a ring held up to 1,024 evicted lines, or as many as its live ones, besides them."""
+    budget = HistoryBudget(limit=400 * 1024)
+    cache = ring(budget)
+
+    def modify(first_rv: int, count: int) -> None:  # one pod: the state stays one object
+        for rv in range(first_rv, first_rv + count):
+            cache.apply("MODIFIED", pod("p", rv, data=f"{rv}" + "x" * 10_240))
+
+    modify(101, 100)  # warm up: the list's own size, the budget's bookkeeping
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        modify(1_000, 1_000)  # 10 MB through a 400 KiB budget
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert budget.used <= budget.limit
+    assert held < budget.limit + 200 * 1024, held  # before the fix: about twice the budget
