@@ -404,3 +404,67 @@ async def test_kube_rs_watcher_lists_in_pages_from_the_hub(
     ]
     assert [name for name, _ in applied] == [*(f"p{i}" for i in range(7)), "ticker"]
     assert outcomes == {"hub": 1, "page": 2}  # 8 pods in pages of 3
+
+
+async def test_python_clients_list_in_pages_from_the_hub(
+    tmp_path: Path, real_apiserver: RealApiServer, direct: Api, namespace: str
+) -> None:
+    """The official Python client and kubernetes_asyncio paging with ``limit`` and
+    ``_continue``, as their users write it, through watchproxy: every page from the hub, and
+    the pages together are the apiserver's list at the first page's revision."""
+    from kubernetes import client as sync_client
+    from kubernetes_asyncio import client as async_client
+
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    for i in range(7):
+        await direct.ok("POST", pods, body=pod(f"p{i}"))
+
+    def official(url: str) -> tuple[str, list[tuple[str, str]]]:
+        configuration = sync_client.Configuration()
+        configuration.host = url
+        with sync_client.ApiClient(configuration) as api_client:
+            api = sync_client.CoreV1Api(api_client)
+            page = api.list_namespaced_pod(namespace, limit=3)
+            rv, items = page.metadata.resource_version, list(page.items)
+            while page.metadata._continue:
+                page = api.list_namespaced_pod(
+                    namespace, limit=3, _continue=page.metadata._continue
+                )
+                items += page.items
+        return rv, [(i.metadata.name, i.metadata.resource_version) for i in items]
+
+    async def asyncio_client(url: str) -> tuple[str, list[tuple[str, str]]]:
+        configuration = async_client.Configuration()
+        configuration.host = url
+        async with async_client.ApiClient(configuration) as api_client:
+            api = async_client.CoreV1Api(api_client)
+            page = await api.list_namespaced_pod(namespace, limit=3)
+            rv, items = page.metadata.resource_version, list(page.items)
+            while page.metadata._continue:
+                token = page.metadata._continue
+                page = await api.list_namespaced_pod(namespace, limit=3, _continue=token)
+                items += page.items
+        return rv, [(i.metadata.name, i.metadata.resource_version) for i in items]
+
+    async with (
+        proxy(tmp_path, real_apiserver) as (running, via),
+        via.watch(f"{pods}?watch=1") as held,  # the shared watch the LISTs find
+    ):
+        await held.wait_for(lambda events: len(events) >= 7, what="the pods")
+        async with ticking(direct, pods, pod("ticker")):
+            listed = [
+                await asyncio.to_thread(official, running.url),
+                await asyncio_client(running.url),
+            ]
+        registry = running.proxy.metrics.registry
+        outcomes = {
+            name: registry.get_sample_value("watchproxy_consistent_lists_total", {"outcome": name})
+            for name in ("hub", "page")
+        }
+    for rv, items in listed:
+        exact = await direct.ok("GET", f"{pods}?resourceVersion={rv}&resourceVersionMatch=Exact")
+        assert items == [
+            (i["metadata"]["name"], i["metadata"]["resourceVersion"]) for i in exact["items"]
+        ]
+        assert [name for name, _ in items] == [*(f"p{i}" for i in range(7)), "ticker"]
+    assert outcomes == {"hub": 2, "page": 4}  # 8 pods in pages of 3, twice
