@@ -10,7 +10,6 @@ events after it, and the state a reflector would end with.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 from collections.abc import AsyncIterator, Callable
@@ -36,6 +35,8 @@ from tests.clients.expect import (
     seen_rv,
 )
 from tests.clients.process import ClientProcess, Line
+from tests.component.test_consistent_list import watching as watching_pods
+from tests.component.test_consistent_list import writing
 from tests.harness import Running, running_proxy, wait_for
 
 CLIENTS = ("kube-rs", "kube-rs-backoff", "client-node")
@@ -251,35 +252,6 @@ async def test_kubers_direct_without_backoff_relists_nothing_after_a_cut(
     assert inits(client.lines) == 1, client.report()
 
 
-@contextlib.asynccontextmanager
-async def busy_and_shared(run: Running) -> AsyncIterator[None]:
-    """A client watch holding the pods' shared watch open, and a pod created every 10 ms, so
-    that a consistent LIST of them is the hub's to answer (docs/lists.md)."""
-    stop = asyncio.Event()
-
-    async def watch(session: aiohttp.ClientSession) -> None:
-        async with session.get(run.url + "/api/v1/namespaces/default/pods?watch=1") as response:
-            assert response.status == 200
-            while not stop.is_set() and await response.content.readline():
-                pass
-
-    async def write() -> None:
-        for i in range(100_000):
-            run.fake.store.create("pods", "default", pod(f"busy-{i:05}"))
-            await asyncio.sleep(0.01)
-
-    async with aiohttp.ClientSession() as session:
-        tasks = [asyncio.create_task(watch(session)), asyncio.create_task(write())]
-        try:
-            await wait_for(lambda: watching(run, "watchproxy"), what="the shared watch")
-            yield
-        finally:
-            stop.set()
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-
-
 async def test_kubers_lists_in_pages_from_the_hub(kubewatch: Path, tmp_path: Path) -> None:
     """kube-rs's watcher listing consistently (``ListSemantic::MostRecent``) in pages of 10
     through watchproxy while pods keep coming: page 1 from the hub once it is current, every
@@ -294,7 +266,13 @@ async def test_kubers_lists_in_pages_from_the_hub(kubewatch: Path, tmp_path: Pat
             argv += ["--list-semantic", "most-recent"]
             env = {**os.environ, "KUBECONFIG": run.kubeconfig}
             client = ClientProcess("kube-rs", argv, env=env, log_path=tmp_path / "kubers.stderr")
-            async with busy_and_shared(run):
+            # A client watch holds the pods' shared watch open and a pod is created every 10 ms,
+            # so a consistent LIST of them is the hub's to answer (docs/lists.md).
+            async with (
+                aiohttp.ClientSession() as session,
+                watching_pods(run, session),
+                writing(run),
+            ):
                 await client.start()
                 try:
                     await client.wait_until(

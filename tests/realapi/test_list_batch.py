@@ -21,7 +21,7 @@ from tests.harness import kubectl
 from tests.realapi.fixture import RealApiServer
 from tests.realapi.kubeapi import Api, ticking
 from tests.realapi.test_protobuf import protobuf_watch
-from tests.realapi.test_real_apiserver import configmap, pod, proxy
+from tests.realapi.test_real_apiserver import configmap, list_outcomes, pod, proxy
 from tests.realapi.test_real_clients import built
 
 TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
@@ -38,6 +38,15 @@ def comparable_list(body: dict[str, Any]) -> dict[str, Any]:
     if body["kind"] != "Table":
         return body
     return {**body, "rows": [{**row, "cells": row["cells"][:-1]} for row in body["rows"]]}
+
+
+PODS_AND_TICKER = [*(f"p{i}" for i in range(7)), "ticker"]
+
+
+async def exact_items(direct: Api, path: str, rv: str) -> list[tuple[str, str]]:
+    """(name, resourceVersion) of each item of the apiserver's list of ``path`` at ``rv``."""
+    exact = await direct.ok("GET", f"{path}?resourceVersion={rv}&resourceVersionMatch=Exact")
+    return [(i["metadata"]["name"], i["metadata"]["resourceVersion"]) for i in exact["items"]]
 
 
 async def apiserver_lists(direct: Api, resource: str) -> float:
@@ -230,7 +239,6 @@ async def test_a_list_in_pages_from_the_hub_is_the_apiservers_list_at_one_revisi
         proxy(tmp_path, real_apiserver) as (running, via),
         via.watch(f"{cms}?watch=1", headers=headers) as watch,
     ):
-        metrics = running.proxy.metrics.registry
         await watch.wait_for(lambda events: len(events) >= 8, what="the configmaps")
         async with ticking(direct, cms, configmap("ticker")):
             first = await via.ok("GET", f"{cms}?limit=3", headers=headers)
@@ -249,10 +257,7 @@ async def test_a_list_in_pages_from_the_hub_is_the_apiservers_list_at_one_revisi
         rest = await via.ok(
             "GET", f"{cms}?continue={theirs['metadata']['continue']}", headers=headers
         )
-        outcomes = {
-            name: metrics.get_sample_value("watchproxy_consistent_lists_total", {"outcome": name})
-            for name in ("hub", "page", "page-gone")
-        }
+        outcomes = list_outcomes(running, "hub", "page", "page-gone")
     at_rv = f"{cms}?resourceVersion={rv}&resourceVersionMatch=Exact"
     exact = await direct.ok("GET", at_rv, headers=headers)
     exact_first = await direct.ok("GET", at_rv + "&limit=3", headers=headers)
@@ -298,11 +303,7 @@ async def test_kubectl_get_in_chunks_is_paged_by_the_hub_as_by_the_apiserver(
         async with ticking(direct, cms, configmap("ticker")):
             through = await kubectl(running.kubeconfig, *command)
             oracle = await kubectl(direct_config, *command)
-        registry = running.proxy.metrics.registry
-        outcomes = {
-            name: registry.get_sample_value("watchproxy_consistent_lists_total", {"outcome": name})
-            for name in ("hub", "page")
-        }
+        outcomes = list_outcomes(running, "hub", "page")
     assert through[0] == oracle[0] == 0, (through, oracle)
 
     def printed(stdout: str) -> list[list[str]]:
@@ -341,20 +342,13 @@ async def test_client_go_pager_lists_in_pages_from_the_hub(
                 stderr=asyncio.subprocess.PIPE,
             )
             stdout, stderr = await asyncio.wait_for(lister.communicate(), 30)
-        registry = running.proxy.metrics.registry
-        outcomes = {
-            name: registry.get_sample_value("watchproxy_consistent_lists_total", {"outcome": name})
-            for name in ("hub", "page")
-        }
+        outcomes = list_outcomes(running, "hub", "page")
     assert lister.returncode == 0, stderr.decode()[-2000:]
     lines = [json.loads(text) for text in stdout.splitlines()]
     items = [(line["name"], line["resourceVersion"]) for line in lines if line["type"] == "ITEM"]
     [rv] = [line["resourceVersion"] for line in lines if line["type"] == "LISTED"]
-    exact = await direct.ok("GET", f"{pods}?resourceVersion={rv}&resourceVersionMatch=Exact")
-    assert items == [
-        (i["metadata"]["name"], i["metadata"]["resourceVersion"]) for i in exact["items"]
-    ]
-    assert [name for name, _ in items] == [*(f"p{i}" for i in range(7)), "ticker"]
+    assert items == await exact_items(direct, pods, rv)
+    assert [name for name, _ in items] == PODS_AND_TICKER
     assert outcomes == {"hub": 1, "page": 2}  # 8 pods in pages of 3
 
 
@@ -384,11 +378,7 @@ async def test_kube_rs_watcher_lists_in_pages_from_the_hub(
                 )
             finally:
                 await client.stop()
-        registry = running.proxy.metrics.registry
-        outcomes = {
-            name: registry.get_sample_value("watchproxy_consistent_lists_total", {"outcome": name})
-            for name in ("hub", "page")
-        }
+        outcomes = list_outcomes(running, "hub", "page")
     applied = [
         (line["name"], line["resourceVersion"])
         for line in client.lines
@@ -398,11 +388,8 @@ async def test_kube_rs_watcher_lists_in_pages_from_the_hub(
     # Nothing else changes in the namespace, so its list at the ticker's revision is the list at
     # the page's revision, whichever it was.
     [ticker_rv] = [rv for name, rv in applied if name == "ticker"]
-    exact = await direct.ok("GET", f"{pods}?resourceVersion={ticker_rv}&resourceVersionMatch=Exact")
-    assert applied == [
-        (i["metadata"]["name"], i["metadata"]["resourceVersion"]) for i in exact["items"]
-    ]
-    assert [name for name, _ in applied] == [*(f"p{i}" for i in range(7)), "ticker"]
+    assert applied == await exact_items(direct, pods, ticker_rv)
+    assert [name for name, _ in applied] == PODS_AND_TICKER
     assert outcomes == {"hub": 1, "page": 2}  # 8 pods in pages of 3
 
 
@@ -456,15 +443,8 @@ async def test_python_clients_list_in_pages_from_the_hub(
                 await asyncio.to_thread(official, running.url),
                 await asyncio_client(running.url),
             ]
-        registry = running.proxy.metrics.registry
-        outcomes = {
-            name: registry.get_sample_value("watchproxy_consistent_lists_total", {"outcome": name})
-            for name in ("hub", "page")
-        }
+        outcomes = list_outcomes(running, "hub", "page")
     for rv, items in listed:
-        exact = await direct.ok("GET", f"{pods}?resourceVersion={rv}&resourceVersionMatch=Exact")
-        assert items == [
-            (i["metadata"]["name"], i["metadata"]["resourceVersion"]) for i in exact["items"]
-        ]
-        assert [name for name, _ in items] == [*(f"p{i}" for i in range(7)), "ticker"]
+        assert items == await exact_items(direct, pods, rv)
+        assert [name for name, _ in items] == PODS_AND_TICKER
     assert outcomes == {"hub": 2, "page": 4}  # 8 pods in pages of 3, twice

@@ -19,7 +19,7 @@ import aiohttp
 from tests.harness import wait_for
 from tests.realapi.fixture import RealApiServer
 from tests.realapi.kubeapi import Api, ticking
-from tests.realapi.test_real_apiserver import configmap, proxy
+from tests.realapi.test_real_apiserver import configmap, list_outcomes, proxy
 from watchproxy.kube.protobuf import PROTOBUF, ProtobufRepresentation
 
 ACCEPT = {"Accept": PROTOBUF + ", application/json"}
@@ -225,11 +225,7 @@ async def test_a_protobuf_list_in_pages_from_the_hub_is_the_apiservers_byte_for_
             answer = await via.request("GET", f"{cms}?limit=3&continue={token}", headers=ACCEPT)
             assert answer.status == 200
             page = answer.body
-        registry = running.proxy.metrics.registry
-        outcomes = {
-            name: registry.get_sample_value("watchproxy_consistent_lists_total", {"outcome": name})
-            for name in ("hub", "page")
-        }
+        outcomes = list_outcomes(running, "hub", "page")
     at_rv = f"{cms}?resourceVersion={rv}&resourceVersionMatch=Exact"
     oracle_first = await direct.request("GET", at_rv + "&limit=3", headers=ACCEPT)
     oracle = await direct.request("GET", at_rv, headers=ACCEPT)

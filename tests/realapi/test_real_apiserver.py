@@ -66,6 +66,15 @@ async def proxy(
         yield running, Api(client, running.url)
 
 
+def list_outcomes(running: RunningProxy, *names: str) -> dict[str, float | None]:
+    """``watchproxy_consistent_lists_total`` by outcome (None: never counted)."""
+    registry = running.proxy.metrics.registry
+    return {
+        name: registry.get_sample_value("watchproxy_consistent_lists_total", {"outcome": name})
+        for name in names
+    }
+
+
 def rv(event: Event) -> int:
     return int(event["object"]["metadata"]["resourceVersion"])
 
