@@ -29,6 +29,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -189,6 +190,11 @@ def percentile(ordered: list[int], p: float) -> int:
     return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
 
 
+def set_flags(settings: Sequence[str]) -> list[str]:
+    """``KEY=VALUE`` settings as bench.proxy's ``--set`` flags."""
+    return [word for setting in settings for word in ("--set", setting)]
+
+
 async def _git(*args: str) -> None:
     process = await asyncio.create_subprocess_exec(
         "git", "-C", str(ROOT), *args, stdout=asyncio.subprocess.DEVNULL
@@ -230,7 +236,7 @@ class Bench:
         else:
             self.fake_info = await self.fake.start("bench.fake", *fake_args)
         proxy_args = ["--kubeconfig", self.fake_info["kubeconfig"]]
-        own_args = [word for setting in a.proxy_set for word in ("--set", setting)]
+        own_args = set_flags(a.proxy_set)
         if a.profile_proxy:
             own_args += ["--profile", a.profile_proxy]
         ceiling_args = ["--upstream", self.fake_info["url"], "--token", self.fake_info["token"]]
@@ -247,7 +253,7 @@ class Bench:
             "ceiling": f"http://127.0.0.1:{ceiling_info['port']}{path}",
         }
         if "pacing" in a.modes:
-            settings = [word for setting in PACING_SETTINGS for word in ("--set", setting)]
+            settings = set_flags(PACING_SETTINGS)
             pacing_info = await self.pacing.start("bench.proxy", *proxy_args, *settings)
             self.urls["pacing"] = f"http://127.0.0.1:{pacing_info['port']}{path}"
         if "baseline" in a.modes:
