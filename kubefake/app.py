@@ -71,6 +71,8 @@ def build_app(ctx: ServerContext) -> web.Application:
                 injected = ctx.faults.request_error()
                 if injected is not None:
                     raise injected
+                async with ctx.faults.serving(long_running=_is_watch(request)):
+                    return await handler(request)
             return await handler(request)
         except ApiError as err:
             return status_response(request, err)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import socket
 import struct
+from collections.abc import AsyncIterator
 from typing import Protocol
 
 from .errors import ApiError, Forbidden, ServiceUnavailable, TooManyRequests, error_for_code
@@ -49,6 +51,10 @@ class Faults:
         self._list_gate: asyncio.Event | None = None
         self.lists_held = 0
         self._forbidden: set[str] = set()
+        self._max_in_flight: int | None = None
+        self._service_seconds = 0.0
+        self._in_flight = 0
+        self.capacity_refusals = 0
 
     # -- outages ---------------------------------------------------------------------------
 
@@ -108,6 +114,32 @@ class Faults:
     def throttle(self, retry_after: float | None) -> None:
         """While set, every API request gets 429 with ``Retry-After``; None clears it."""
         self._throttle = retry_after
+
+    def limit_in_flight(self, max_in_flight: int | None, service_seconds: float = 0.0) -> None:
+        """Serve like an apiserver with ``--max-requests-inflight``: each API request that is not
+        a watch takes ``service_seconds`` of (simulated) work, and one that finds
+        ``max_in_flight`` such requests already in flight gets 429 with ``Retry-After: 1`` at
+        once (counted in ``capacity_refusals``). None lifts the limit."""
+        self._max_in_flight = max_in_flight
+        self._service_seconds = service_seconds
+
+    @contextlib.asynccontextmanager
+    async def serving(self, *, long_running: bool) -> AsyncIterator[None]:
+        """Around one API request: the capacity of :meth:`limit_in_flight`."""
+        limit = self._max_in_flight
+        if limit is None or long_running:
+            yield
+            return
+        if self._in_flight >= limit:
+            self.capacity_refusals += 1
+            raise _too_many(1.0)
+        self._in_flight += 1
+        try:
+            if self._service_seconds:
+                await asyncio.sleep(self._service_seconds)
+            yield
+        finally:
+            self._in_flight -= 1
 
     def fail_next(self, n: int, status: int, retry_after: float | None = None) -> None:
         """The next ``n`` API requests get ``status`` and a Status body."""

@@ -18,6 +18,7 @@ from watchproxy.hub.multiplexer import Hub
 from watchproxy.kube.credentials import UpstreamTarget
 from watchproxy.metrics import Metrics
 from watchproxy.policy.access import AccessPolicy
+from watchproxy.policy.adaptive import AdaptiveLimit, AdaptiveSettings
 from watchproxy.policy.backoff import BackoffPolicy
 from watchproxy.policy.clientlimits import ClientRateLimiter, ErroredWatchLimiter
 from watchproxy.policy.ratelimit import UpstreamLimiter
@@ -87,7 +88,18 @@ class Proxy:
         self.metrics = Metrics()
         self.rng = rng or random.Random()
         rl = config.ratelimit
-        self.limiter = UpstreamLimiter(rl.qps, rl.burst, rl.max_concurrent)
+        adaptive = (
+            AdaptiveLimit(
+                AdaptiveSettings(
+                    initial=rl.adaptive_initial_limit,
+                    minimum=rl.adaptive_min_limit,
+                    maximum=rl.adaptive_max_limit,
+                )
+            )
+            if rl.adaptive
+            else None
+        )
+        self.limiter = UpstreamLimiter(rl.qps, rl.burst, rl.max_concurrent, adaptive=adaptive)
         self.upstream = Upstream(
             target,
             config.upstream,

@@ -6,11 +6,7 @@ and a test keeps the two equal.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
@@ -18,26 +14,18 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics import MetricWrapperBase
 
 from watchproxy import __version__
+from watchproxy.metricsbase import (
+    LATENCY_BUCKETS,
+    LOOP_LAG_BUCKETS,
+    STREAM_BUCKETS,
+    LoopLagSampler,
+    MetricDoc,
+)
 
-LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-# Client watches live 30 to 60 minutes by default (hub.client_watch_*_seconds); exec sessions and
-# followed logs as long as the user likes. Fine steps early, where a broken client shows.
-STREAM_BUCKETS = (
-    1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0, 1200.0, 1800.0, 2400.0, 3000.0, 3600.0,
-)  # fmt: skip
-LOOP_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+# policy.adaptive.LimitReason's values (a test keeps them equal): every reason's series exists.
+CONCURRENCY_LIMIT_REASONS = ("initial", "growth", "429", "5xx", "timeout", "connection", "latency")
 
 _M = TypeVar("_M", bound=MetricWrapperBase)
-
-
-@dataclass(frozen=True)
-class MetricDoc:
-    """One row of the metrics table: the exposed name, type, label names and help text."""
-
-    name: str
-    type: str
-    labels: tuple[str, ...]
-    help: str
 
 
 class Metrics:
@@ -52,8 +40,6 @@ class Metrics:
     ) -> None:
         self.registry = registry or CollectorRegistry()
         self.catalog: list[MetricDoc] = []
-        self._lag_interval = lag_interval
-        self._lag_task: asyncio.Task[None] | None = None
         add = self._add
         # Build and process.
         self.build_info = add(
@@ -69,6 +55,7 @@ class Metrics:
             "every request and event waits on top of its own work.",
             buckets=LOOP_LAG_BUCKETS,
         )
+        self._lag = LoopLagSampler(self.event_loop_lag, lag_interval)
         # Client side.
         self.requests = add(
             Counter,
@@ -194,6 +181,24 @@ class Metrics:
             "watchproxy_upstream_throttled",
             "429 answers received from the apiserver (API Priority and Fairness).",
         )
+        self.upstream_concurrency_limit = add(
+            Gauge, "watchproxy_upstream_concurrency_limit",
+            "Upstream requests (streams excluded) that may be in flight at once now: the adaptive "
+            "limit, or ratelimit.max_concurrent where that is smaller (0: no limit).",
+        )  # fmt: skip
+        self.upstream_concurrency_limit_changes = add(
+            Counter, "watchproxy_upstream_concurrency_limit_changes",
+            "Moves of the adaptive concurrency limit, by reason: growth (requests queued for it, "
+            "answers healthy), or a cut on 429, 5xx, timeout, connection (an answer cut off) or "
+            "latency (answers slowing down).", ["reason"],
+        )  # fmt: skip
+        self.upstream_concurrency_limit_reason = add(
+            Gauge, "watchproxy_upstream_concurrency_limit_reason",
+            "1 for the reason the adaptive concurrency limit last moved (initial: it never "
+            "moved), 0 for the others.", ["reason"],
+        )  # fmt: skip
+        for reason in CONCURRENCY_LIMIT_REASONS:
+            self.upstream_concurrency_limit_reason.labels(reason).set(reason == "initial")
         self.ratelimit_wait = add(
             Counter,
             "watchproxy_ratelimit_wait_seconds",
@@ -362,33 +367,24 @@ class Metrics:
         histogram = self.stream_duration if stream else self.request_duration
         histogram.labels(verb).observe(seconds)
 
+    def note_concurrency_limit_change(self, reason: str) -> None:
+        """The adaptive concurrency limit moved, for ``reason``."""
+        self.upstream_concurrency_limit_changes.labels(reason).inc()
+        for other in CONCURRENCY_LIMIT_REASONS:
+            self.upstream_concurrency_limit_reason.labels(other).set(other == reason)
+
     def count_client_connections(self, count: Callable[[], float]) -> None:
         self.client_connections.set_function(count)
 
     def count_upstream_connections(self, count: Callable[[], float]) -> None:
         self.upstream_connections.set_function(count)
 
-    # -- the event-loop lag sampler --------------------------------------------------------------
-
     def start(self) -> None:
         """Start sampling the event loop's lag (call on the loop that serves)."""
-        if self._lag_task is None:
-            self._lag_task = asyncio.get_running_loop().create_task(self._sample_lag())
+        self._lag.start()
 
     async def stop(self) -> None:
-        if self._lag_task is not None:
-            task, self._lag_task = self._lag_task, None
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-    async def _sample_lag(self) -> None:
-        # A timer asked for ``interval`` from now fires late by as long as the callbacks queued
-        # before it took: the wait any ready work suffers at that moment.
-        while True:
-            due = time.monotonic() + self._lag_interval
-            await asyncio.sleep(self._lag_interval)
-            self.event_loop_lag.observe(max(0.0, time.monotonic() - due))
+        await self._lag.stop()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -132,7 +132,10 @@ async def test_outage_attempts_follow_one_schedule_and_streams_survive(tmp_path:
 
 
 async def test_no_upstream_request_before_retry_after(tmp_path: Any) -> None:
-    async with running_proxy(tmp_path) as running, aiohttp.ClientSession() as session:
+    """With fixed limits only, one 429's Retry-After holds every upstream request back (the
+    adaptive limit does so only from its floor: tests/unit/test_ratelimit.py)."""
+    overrides = {"ratelimit.adaptive": False}
+    async with running_proxy(tmp_path, overrides) as running, aiohttp.ClientSession() as session:
         running.fake.faults.throttle(1.0)
         async with session.get(running.url + PODS) as response:
             assert response.status == 429

@@ -16,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from watchproxy.errors import TooManyRequests
+from watchproxy.policy.adaptive import AdaptiveLimit, AdaptiveSettings, Outcome
 from watchproxy.policy.clientlimits import ClientRateLimiter, ErroredWatchLimiter
 from watchproxy.policy.fairqueue import flow
 from watchproxy.policy.ratelimit import (
@@ -668,3 +669,59 @@ def test_errored_watch_limit_off() -> None:
     for _ in range(100):
         limiter.record_error("k", 0.0)
     assert limiter.wait("k", 0.0) == 0.0
+
+
+# --- UpstreamLimiter with an adaptive limit ------------------------------------------------
+
+
+def test_a_429_above_the_floor_cuts_the_limit_and_holds_nobody_back() -> None:
+    time = VirtualTime()
+    adaptive = AdaptiveLimit(AdaptiveSettings(initial=16, minimum=2))
+    limiter = limiter_with(time, adaptive=adaptive)
+    assert limiter.concurrency_limit == 16
+    assert limiter.record(Outcome.THROTTLED, retry_after=5.0)
+    assert limiter.concurrency_limit == 8
+    assert limiter.retry_after_remaining() == 0.0
+
+
+def test_a_429_at_the_floor_closes_the_gate_for_everyone() -> None:
+    time = VirtualTime()
+    adaptive = AdaptiveLimit(AdaptiveSettings(initial=2, minimum=2))
+    limiter = limiter_with(time, adaptive=adaptive)
+    limiter.record(Outcome.THROTTLED, retry_after=5.0)
+    assert limiter.concurrency_limit == 2
+    assert limiter.retry_after_remaining() == 5.0
+
+
+def test_a_fixed_cap_below_the_adaptive_limit_wins() -> None:
+    limiter = UpstreamLimiter(0.0, 1, 4, adaptive=AdaptiveLimit(AdaptiveSettings(initial=64)))
+    assert limiter.concurrency_limit == 4
+
+
+async def test_the_limit_growing_lets_a_waiting_request_in() -> None:
+    time = VirtualTime()
+    adaptive = AdaptiveLimit(AdaptiveSettings(initial=1, minimum=1))
+    limiter = limiter_with(time, adaptive=adaptive)
+    entered: list[str] = []
+    release = asyncio.Event()
+
+    async def request(name: str) -> None:
+        async with limiter.slot(max_wait=None):
+            entered.append(name)
+            await release.wait()
+
+    first = asyncio.create_task(request("first"))
+    second = asyncio.create_task(request("second"))
+    try:
+        while not entered:
+            await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert entered == ["first"]
+        # A healthy answer while the limit binds: it grows to 2 and the waiter goes in.
+        assert limiter.record(Outcome.OK, kind="get", latency=0.001)
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert entered == ["first", "second"]
+    finally:
+        release.set()
+        await asyncio.gather(first, second)

@@ -135,6 +135,16 @@ def _check(config: Config, where: str) -> None:
     for key, value in non_negative.items():
         if value < 0:
             raise ConfigError(f"{where}: {key}: must be >= 0, got {value}")
+    r = config.ratelimit
+    if r.qps > 0 and r.burst < 1:
+        raise ConfigError(f"{where}: ratelimit.burst: must be >= 1 when ratelimit.qps is set")
+    if r.adaptive_min_limit < 1:
+        raise ConfigError(f"{where}: ratelimit.adaptive_min_limit: must be >= 1")
+    if not r.adaptive_min_limit <= r.adaptive_initial_limit <= r.adaptive_max_limit:
+        raise ConfigError(
+            f"{where}: ratelimit.adaptive_initial_limit: must be between "
+            "ratelimit.adaptive_min_limit and ratelimit.adaptive_max_limit"
+        )
     if config.ratelimit.watch_errors_per_second > 0 and config.ratelimit.watch_errors_burst < 1:
         raise ConfigError(f"{where}: ratelimit.watch_errors_burst: must be >= 1")
     for index, rule in enumerate(config.security.rules):

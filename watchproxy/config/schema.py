@@ -53,9 +53,15 @@ class BackoffConfig:
 
 @dataclass(frozen=True)
 class RateLimitConfig:
-    qps: float = 50.0
+    # Fixed caps, for an operator who wants them (0: none). The adaptive concurrency limit is
+    # what protects the apiserver by default.
+    qps: float = 0.0
     burst: int = 100
-    max_concurrent: int = 64
+    max_concurrent: int = 0
+    adaptive: bool = True
+    adaptive_initial_limit: int = 64
+    adaptive_min_limit: int = 2
+    adaptive_max_limit: int = 1000
     max_wait_seconds: float = 5.0
     per_client_qps: float = 0.0
     per_client_burst: int = 20

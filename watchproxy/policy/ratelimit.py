@@ -12,18 +12,21 @@ import asyncio
 import contextlib
 import enum
 import math
-import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
-from datetime import UTC
-from email.utils import parsedate_to_datetime
 
 from watchproxy.errors import TooManyRequests
+from watchproxy.policy.adaptive import AdaptiveLimit, Outcome
 from watchproxy.policy.fairqueue import FairQueue, Turn, current_flow
+from watchproxy.policy.retryafter import MAX_RETRY_AFTER, RetryAfterGate, parse_retry_after
 
-# An upstream asking for more than this is treated as asking for this: a typo'd or hostile
-# Retry-After must not stall the proxy for hours.
-MAX_RETRY_AFTER = 600.0
+__all__ = [
+    "MAX_RETRY_AFTER",
+    "RetryAfterGate",
+    "TokenBucket",
+    "UpstreamLimiter",
+    "parse_retry_after",
+]
 
 # Below this a wait for the next token is rounding, not rate limiting.
 _TOKEN_SLACK = 1e-6
@@ -31,8 +34,6 @@ _TOKEN_SLACK = 1e-6
 # The light-flow reserve, in seconds of refill: tokens that a flow with a backlog leaves in the
 # bucket for requests of flows that have none (see UpstreamLimiter).
 LIGHT_RESERVE_SECONDS = 0.1
-
-_SECONDS_RE = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)", re.ASCII)
 
 
 def _is_unlimited(rate: float) -> bool:
@@ -99,72 +100,21 @@ class TokenBucket:
             self._last = now
 
 
-def parse_retry_after(value: str | None, now_epoch: float) -> float | None:
-    """The delay a ``Retry-After`` header asks for, in seconds, or None if it is unusable.
-
-    Accepts delay-seconds (decimals tolerated) and HTTP-dates (relative to ``now_epoch``, Unix
-    seconds). Negative or past values give 0.0; values are capped at :data:`MAX_RETRY_AFTER`.
-    """
-    if value is None:
-        return None
-    text = value.strip()
-    if not text:
-        return None
-    if _SECONDS_RE.fullmatch(text):
-        seconds = float(text)
-    else:
-        try:
-            when = parsedate_to_datetime(text)
-        except (TypeError, ValueError, IndexError, OverflowError):
-            return None
-        if when.tzinfo is None:
-            # RFC 9110 dates are always GMT; a zone-less date is read as such.
-            seconds = when.replace(tzinfo=UTC).timestamp() - now_epoch
-        else:
-            seconds = when.timestamp() - now_epoch
-    if math.isnan(seconds):
-        return None
-    return min(MAX_RETRY_AFTER, max(0.0, seconds))
-
-
-class RetryAfterGate:
-    """The moment before which no request may go upstream (set from ``429`` + Retry-After).
-
-    Guarantees: the gate only ever moves later (``block_until`` keeps the maximum), and
-    ``wait_time(now)`` is 0.0 exactly when ``now`` is at or past that moment.
-    """
-
-    def __init__(self) -> None:
-        self._until = -math.inf
-
-    @property
-    def blocked_until(self) -> float | None:
-        """The clock reading the gate opens at, None if it was never closed."""
-        return None if self._until == -math.inf else self._until
-
-    def block_until(self, t: float) -> None:
-        """Keep requests back until ``t`` (no effect if the gate already reaches further)."""
-        if t > self._until:
-            self._until = t
-
-    def wait_time(self, now: float) -> float:
-        """Seconds from ``now`` until the gate opens (0.0 if open)."""
-        return max(0.0, self._until - now)
-
-
 class _Default(enum.Enum):
     MAX_WAIT = enum.auto()
 
 
 class UpstreamLimiter:
-    """Admission to the upstream apiserver: Retry-After gate, token bucket, concurrency cap.
+    """Admission to the upstream apiserver: Retry-After gate, token bucket, concurrency limit.
 
     ``async with limiter.slot(): ...`` guarantees, for the body of the block:
 
     - it starts no earlier than the latest Retry-After noted before it started;
     - requests are admitted at most ``burst + qps * t`` in any ``t`` seconds (``qps <= 0`` =
       unlimited);
-    - at most ``max_concurrent`` bodies run at once (0 = unlimited);
+    - at most ``concurrency_limit`` bodies run at once: the smaller of ``max_concurrent`` (an
+      operator's fixed cap, 0 = none) and the ``adaptive`` limit, which :meth:`record` moves
+      with what the apiserver answers (none: only the fixed cap);
     - tokens and concurrency slots go to waiting requests in :class:`FairQueue` order: first come
       first served within a flow (:func:`flow`), in turn between flows;
     - a *light* request (its flow has nothing else waiting) finds a token at once while any flow
@@ -193,6 +143,7 @@ class UpstreamLimiter:
         burst: int,
         max_concurrent: int = 0,
         *,
+        adaptive: AdaptiveLimit | None = None,
         max_wait: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
@@ -213,6 +164,7 @@ class UpstreamLimiter:
         self._head_holds_reserve = False
         self._busy = 0
         self.max_concurrent = max_concurrent
+        self.adaptive = adaptive
         self.default_max_wait = max_wait
         self.in_flight = 0
         self.throttled_total = 0
@@ -239,11 +191,13 @@ class UpstreamLimiter:
     @contextlib.asynccontextmanager
     async def slot(
         self, max_wait: float | _Default | None = _Default.MAX_WAIT
-    ) -> AsyncIterator[None]:
+    ) -> AsyncIterator[float]:
         """Wait for admission, run the block, free the concurrency slot afterwards.
 
         ``max_wait`` defaults to the constructor's; pass None to wait however long it takes.
-        The request is charged to the current :func:`flow`.
+        The request is charged to the current :func:`flow`. The block gets the seconds it
+        waited for admission (0.0 when it did not have to wait: the time the caller was merely
+        not scheduled is no wait of the limiter's).
         """
         budget = self.default_max_wait if isinstance(max_wait, _Default) else max_wait
         started = self._clock()
@@ -256,18 +210,64 @@ class UpstreamLimiter:
             self._release()
             raise
 
+        wait_seconds = max(0.0, self._clock() - started) if waited else 0.0
         if waited:
             self.throttled_total += 1
-            self.waited_seconds_total += max(0.0, self._clock() - started)
+            self.waited_seconds_total += wait_seconds
         self.in_flight += 1
         try:
-            yield
+            yield wait_seconds
         finally:
             self.in_flight -= 1
             self._release()
 
+    @property
+    def concurrency_limit(self) -> int:
+        """Requests that may be in flight at once now (0: no limit)."""
+        if self.adaptive is None:
+            return self.max_concurrent
+        if self.max_concurrent == 0:
+            return self.adaptive.limit
+        return min(self.max_concurrent, self.adaptive.limit)
+
+    def record(
+        self,
+        outcome: Outcome,
+        *,
+        kind: str = "",
+        latency: float | None = None,
+        retry_after: float | None = None,
+    ) -> bool:
+        """Tell the adaptive limit how one upstream request ended (see
+        :meth:`AdaptiveLimit.record`); True when the limit moved.
+
+        A ``retry_after`` (a 429's) closes the gate for every request only where cutting the
+        limit is no answer: without an adaptive limit, or when it already stood at its floor.
+        Above the floor the cut is the answer: a gate would stall every client for the
+        Retry-After each time the limit probes one request past what the apiserver takes (AIMD
+        finds the edge by crossing it now and then), while the refused client itself still
+        gets the 429 and its Retry-After.
+        """
+        if self.adaptive is None:
+            if retry_after is not None:
+                self.note_retry_after(retry_after)
+            return False
+        if retry_after is not None and self.adaptive.limit <= self.adaptive.settings.minimum:
+            self.note_retry_after(retry_after)
+        limit = self.concurrency_limit
+        # Binding: every slot taken (this request's own, if still held, counts) or requests
+        # queue for one. Growth is earned only while the limit is what holds requests back.
+        binding = self._busy + 1 >= limit or len(self._queue) > 0
+        changed = self.adaptive.record(
+            self._clock(), outcome, kind=kind, latency=latency, binding=binding
+        )
+        if changed and self.concurrency_limit > limit:
+            self._queue.wake_first()
+        return changed
+
     def _has_room(self) -> bool:
-        return self.max_concurrent == 0 or self._busy < self.max_concurrent
+        limit = self.concurrency_limit
+        return limit == 0 or self._busy < limit
 
     def _release(self) -> None:
         self._busy -= 1

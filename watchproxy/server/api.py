@@ -216,15 +216,17 @@ class ApiHandler:
             )
         await asyncio.sleep(delay)
 
-    def _flow_of(self, request: web.Request) -> tuple[str, str]:
-        """Who gets a fair share of the upstream budget: one source address (one pod in
-        node-local mode), and one credential when clients' credentials are forwarded. Shared
-        watches are the proxy's own work and are not charged to any client."""
+    def _flow_of(self, request: web.Request) -> tuple[str, str, str]:
+        """Who gets a fair share of the upstream budget: one program, told apart by its source
+        address (one pod in node-local mode) and its User-Agent (in a sidecar every program
+        comes from 127.0.0.1, and client-go, kubectl and the other clients each send their
+        own), and by credential when clients' credentials are forwarded. Shared watches are
+        the proxy's own work and are not charged to any client."""
         credential = ""
         if self.forwarder.forward_identity:
             auth = request.headers.get("Authorization", "")
             credential = hashlib.sha256(auth.encode()).hexdigest()[:16] if auth else ""
-        return request.remote or "", credential
+        return request.remote or "", request.headers.get("User-Agent", ""), credential
 
     async def _handle(self, request: web.Request) -> tuple[str, web.StreamResponse]:
         if not host_allowed(request.headers.get("Host"), self.allowed_hosts):

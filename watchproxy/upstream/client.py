@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 
 import aiohttp
 from multidict import CIMultiDict
@@ -21,10 +21,22 @@ from watchproxy.config import UpstreamConfig
 from watchproxy.errors import ProxyError, TooManyRequests, UpstreamTimeout, UpstreamUnavailable
 from watchproxy.kube.credentials import UpstreamTarget
 from watchproxy.metrics import Metrics
+from watchproxy.policy.adaptive import Outcome
 from watchproxy.policy.ratelimit import UpstreamLimiter, parse_retry_after
+from watchproxy.upstream.bodies import LineTooLong, read_frames, read_lines
 from watchproxy.upstream.connectivity import Connectivity, ProbeFailed
 from watchproxy.upstream.connector import PROBING, SerialConnector, UpstreamDown
 from watchproxy.upstream.upgrade import BadAnswer, DialFailed, UpgradeAnswer, open_upgrade
+
+# read_lines, read_frames and LineTooLong live in upstream.bodies; named here for their callers.
+__all__ = [
+    "LineTooLong",
+    "Upstream",
+    "describe",
+    "outcome_of",
+    "read_frames",
+    "read_lines",
+]
 
 log = logging.getLogger("watchproxy.upstream")
 
@@ -75,6 +87,7 @@ class Upstream:
         )
         self._connector = connector
         self.metrics.count_upstream_connections(connector.open_connections)
+        self.metrics.upstream_concurrency_limit.set_function(lambda: self.limiter.concurrency_limit)
         # auto_decompress off: bodies pass through byte for byte with their Content-Encoding.
         self._session = aiohttp.ClientSession(
             base_url=None,
@@ -202,11 +215,11 @@ class Upstream:
             if forwarded_auth is None:
                 await self.target.refresh()  # an exec plugin's credential, when it is due
             send_headers = self._with_credential(headers, forwarded_auth)
-            queued = self._clock()
             try:
-                async with self.limiter.slot(max_wait=self.max_wait if not wait else None):
-                    waited = self._clock() - queued
-                    if waited > 0.001:
+                async with self.limiter.slot(
+                    max_wait=self.max_wait if not wait else None
+                ) as waited:
+                    if waited:
                         self.metrics.ratelimit_wait.inc(waited)
                     sent = self._clock()
                     async with asyncio.timeout(deadline):
@@ -225,21 +238,35 @@ class Upstream:
                 self.metrics.throttled.labels("upstream").inc()
                 raise
             except TimeoutError:
+                self._record(Outcome.TIMEOUT)
                 raise self._timed_out(method, path_qs) from None
             except aiohttp.ClientSSLError as exc:
                 self.metrics.upstream_errors.labels("tls").inc()
                 raise self._failed(exc) from None
             except (aiohttp.ClientError, OSError) as exc:
                 self.metrics.upstream_errors.labels("connect").inc()
+                if not isinstance(exc, aiohttp.ClientConnectorError):
+                    # A dial that failed is the outage path's business (one back-off schedule);
+                    # an answer cut off on an open connection is the apiserver in trouble.
+                    self._record(Outcome.BROKEN)
                 raise self._failed(exc) from None
             # Any HTTP answer means the apiserver is reachable, even a 5xx from it.
             self._answered()
+            took = self._clock() - sent
             self.metrics.upstream_requests.labels(verb, str(response.status)).inc()
-            self.metrics.upstream_request_duration.labels(verb).observe(self._clock() - sent)
+            self.metrics.upstream_request_duration.labels(verb).observe(took)
+            retry_after = None
             if response.status == 429:
                 self.metrics.upstream_throttled.inc()
                 delay = parse_retry_after(response.headers.get("Retry-After"), time.time())
-                self.limiter.note_retry_after(delay if delay is not None else 1.0)
+                retry_after = delay if delay is not None else 1.0
+            self._record(
+                outcome_of(response.status, response.headers),
+                kind=verb,
+                # A stream's headers come before its work: their time says nothing of load.
+                latency=None if streaming else took,
+                retry_after=retry_after,
+            )
             if (
                 response.status == 401
                 and attempt == 0
@@ -252,6 +279,20 @@ class Upstream:
                 continue
             return response
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _record(
+        self,
+        outcome: Outcome,
+        *,
+        kind: str = "",
+        latency: float | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        """Feed the adaptive concurrency limit; its metrics follow when it moves."""
+        if self.limiter.record(outcome, kind=kind, latency=latency, retry_after=retry_after):
+            adaptive = self.limiter.adaptive
+            assert adaptive is not None
+            self.metrics.note_concurrency_limit_change(adaptive.reason.value)
 
     async def open_upgrade(
         self,
@@ -319,54 +360,20 @@ class Upstream:
         return True
 
 
-async def read_lines(response: aiohttp.ClientResponse, max_line: int) -> AsyncIterator[bytes]:
-    """Yield ``\\n``-terminated lines of a watch body, of any size up to ``max_line``.
+def outcome_of(status: int, headers: Mapping[str, str]) -> Outcome:
+    """What an answer says about the apiserver's load.
 
-    aiohttp's own readline refuses long lines; one watch event can be several MiB.
-    A final fragment without a newline is a truncated event and is not yielded.
+    429 is API Priority and Fairness (or the max-in-flight filter) refusing work. A 5xx counts
+    only when it speaks of overload: 504 (the apiserver's own request timeout, or a gateway's)
+    and any 5xx that asks to retry later. A 503 without Retry-After is most often an aggregated
+    API that is not there (a missing metrics-server answers every discovery with one): cutting
+    the limit for that would throttle the whole pod for one broken extension.
     """
-    buffer = bytearray()
-    async for chunk in response.content.iter_any():
-        start = 0
-        while True:
-            end = chunk.find(b"\n", start)
-            if end < 0:
-                buffer += chunk[start:]
-                if len(buffer) > max_line:
-                    raise LineTooLong(len(buffer))
-                break
-            if buffer:
-                buffer += chunk[start : end + 1]
-                line = bytes(buffer)
-                buffer.clear()
-            else:
-                line = chunk[start : end + 1]
-            if len(line) > max_line:
-                raise LineTooLong(len(line))
-            yield line
-            start = end + 1
-
-
-async def read_frames(response: aiohttp.ClientResponse, max_frame: int) -> AsyncIterator[bytes]:
-    """Yield the length-prefixed frames of a protobuf watch body, each with its prefix.
-
-    The prefix is a 4-byte big-endian length; a frame over ``max_frame`` raises
-    ``LineTooLong``. A truncated final frame is not yielded (as a truncated line is not).
-    """
-    buffer = bytearray()
-    async for chunk in response.content.iter_any():
-        buffer += chunk
-        start = 0
-        while len(buffer) - start >= 4:
-            size = int.from_bytes(buffer[start : start + 4], "big")
-            if size > max_frame:
-                raise LineTooLong(size)
-            end = start + 4 + size
-            if len(buffer) < end:
-                break
-            yield bytes(buffer[start:end])
-            start = end
-        del buffer[:start]
+    if status == 429:
+        return Outcome.THROTTLED
+    if status == 504 or (status >= 500 and "Retry-After" in headers):
+        return Outcome.OVERLOADED
+    return Outcome.OK
 
 
 def describe(error: BaseException) -> str:
@@ -382,10 +389,3 @@ def describe(error: BaseException) -> str:
     if isinstance(error, TimeoutError):
         return "timed out"
     return f"{type(error).__name__}: {error}"
-
-
-class LineTooLong(Exception):
-    """A watch event line exceeded the configured limit."""
-
-    def __init__(self, size: int) -> None:
-        super().__init__(f"watch event line of {size} bytes exceeds the limit")

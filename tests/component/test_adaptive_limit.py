@@ -1,0 +1,112 @@
+"""The default upstream limit adapts: out of the way of a healthy apiserver, kind to one that
+pushes back (429s), and back up once the pushback stops."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import Any
+
+import aiohttp
+
+from kubefake import FakeApiServer
+from tests.component.test_metrics import scrape
+from tests.harness import running_proxy
+
+CONFIGMAPS = "/api/v1/namespaces/default/configmaps"
+# client-go's REST client retries a 429 up to 10 times. These workers are impatient ones (a
+# script's loop, a library without back-off): they retry after 50 ms whatever Retry-After says,
+# as many times as it takes within the test's bound.
+CLIENT_RETRIES = 100
+RETRY_SECONDS = 0.05
+
+
+def configmap(name: str) -> dict[str, Any]:
+    return {"metadata": {"name": name}, "data": {"k": "v"}}
+
+
+async def worker(
+    session: aiohttp.ClientSession,
+    url: str,
+    requests: int,
+    outcomes: Counter[str],
+    headers: dict[str, str] | None = None,
+) -> None:
+    """One controller worker: GETs in a loop, retrying 429s at once."""
+    for _ in range(requests):
+        for _attempt in range(CLIENT_RETRIES + 1):
+            async with session.get(url, headers=headers) as response:
+                await response.read()
+                if response.status != 429:
+                    outcomes[str(response.status)] += 1
+                    break
+                outcomes["retried-429"] += 1
+                # The client's own retry policy, which is what is under test here.
+                await asyncio.sleep(RETRY_SECONDS)
+        else:
+            outcomes["gave-up"] += 1
+
+
+async def run_workers(
+    url: str, workers: int, requests: int, headers: dict[str, str] | None = None, **kw: Any
+) -> Counter[str]:
+    outcomes: Counter[str] = Counter()
+    connector = aiohttp.TCPConnector(limit=0, **kw)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        async with asyncio.timeout(120):
+            await asyncio.gather(
+                *(worker(session, url, requests, outcomes, headers) for _ in range(workers))
+            )
+    return outcomes
+
+
+async def test_a_busy_controller_is_never_held_back_by_a_healthy_apiserver(tmp_path: Any) -> None:
+    async with running_proxy(tmp_path) as running, aiohttp.ClientSession() as session:
+        running.fake.store.create("configmaps", "default", configmap("c"))
+        outcomes = await run_workers(running.url + CONFIGMAPS + "/c", workers=16, requests=40)
+        assert outcomes == Counter({"200": 640})
+        metrics = await scrape(session, running.admin_url)
+    assert metrics.value("watchproxy_ratelimit_wait_seconds_total") == 0.0
+    assert metrics.total("watchproxy_throttled_requests_total") == 0.0
+    assert metrics.value("watchproxy_upstream_concurrency_limit") == 64
+    assert metrics.value("watchproxy_upstream_concurrency_limit_reason", reason="initial") == 1
+
+
+async def test_pushback_costs_the_apiserver_far_fewer_refusals_than_direct_clients(
+    tmp_path: Any,
+) -> None:
+    """An apiserver that serves 8 requests at once (5 ms each) and refuses the rest with 429,
+    like ``--max-requests-inflight``, behind 32 busy workers: direct, they get refusal after
+    refusal; through watchproxy the limit comes down to what the apiserver can take, so it
+    refuses a fraction as often, and every request still succeeds in the end."""
+    async with FakeApiServer(bookmark_interval=0.5) as fake:
+        fake.store.create("configmaps", "default", configmap("c"))
+        fake.faults.limit_in_flight(8, service_seconds=0.005)
+        direct = await run_workers(
+            fake.url + CONFIGMAPS + "/c",
+            workers=32,
+            requests=20,
+            headers=fake.auth_headers,
+            ssl=fake.client_ssl_context() or False,
+        )
+        direct_refusals, fake.faults.capacity_refusals = fake.faults.capacity_refusals, 0
+        async with running_proxy(tmp_path, fake=fake) as running, aiohttp.ClientSession() as s:
+            proxied = await run_workers(running.url + CONFIGMAPS + "/c", workers=32, requests=20)
+            proxied_refusals = fake.faults.capacity_refusals
+            cut = await scrape(s, running.admin_url)
+
+            # The pushback stops: busy workers that keep the limit binding bring it back up.
+            fake.faults.limit_in_flight(None)
+            recovered = await run_workers(running.url + CONFIGMAPS + "/c", workers=40, requests=15)
+            after = await scrape(s, running.admin_url)
+
+    assert direct["200"] == proxied["200"] == 640, (direct, proxied)
+    assert direct["gave-up"] == proxied["gave-up"] == 0
+    assert direct_refusals >= 50, direct_refusals
+    assert proxied_refusals <= 0.2 * direct_refusals, (proxied_refusals, direct_refusals)
+    limit_after_cut = cut.value("watchproxy_upstream_concurrency_limit")
+    assert limit_after_cut < 64
+    assert cut.value("watchproxy_upstream_concurrency_limit_changes_total", reason="429") >= 1
+    assert recovered == Counter({"200": 40 * 15})
+    assert after.value("watchproxy_upstream_concurrency_limit") > limit_after_cut
+    assert after.value("watchproxy_upstream_concurrency_limit_reason", reason="growth") == 1
