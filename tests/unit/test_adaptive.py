@@ -114,7 +114,7 @@ def test_settings_are_checked() -> None:
 
 
 def test_the_metrics_know_every_reason() -> None:
-    assert CONCURRENCY_LIMIT_REASONS == tuple(reason.value for reason in LimitReason)
+    assert tuple(reason.value for reason in LimitReason) == CONCURRENCY_LIMIT_REASONS
 
 
 @given(

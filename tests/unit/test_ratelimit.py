@@ -704,17 +704,18 @@ async def test_the_limit_growing_lets_a_waiting_request_in() -> None:
     limiter = limiter_with(time, adaptive=adaptive)
     entered: list[str] = []
     release = asyncio.Event()
+    first_in = asyncio.Event()
 
     async def request(name: str) -> None:
         async with limiter.slot(max_wait=None):
             entered.append(name)
+            first_in.set()
             await release.wait()
 
     first = asyncio.create_task(request("first"))
     second = asyncio.create_task(request("second"))
     try:
-        while not entered:
-            await asyncio.sleep(0)
+        await first_in.wait()
         await asyncio.sleep(0)
         assert entered == ["first"]
         # A healthy answer while the limit binds: it grows to 2 and the waiter goes in.
