@@ -13,7 +13,7 @@ from pathlib import Path
 from tests.clients.build import BuildFailed, ToolchainMissing, go_build
 
 BENCH_DIR = Path(__file__).resolve().parent
-PROGRAMS = ("gosub", "gobroadcast")
+PROGRAMS = ("gosub", "gobroadcast", "gocontroller")
 
 
 def go_binary(name: str, *, timeout: float = 300.0) -> Path:

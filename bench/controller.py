@@ -1,0 +1,341 @@
+"""Controller benchmark: a busy controller's requests direct, through watchproxy, through kubectl proxy.
+
+``python -m bench.controller [--workers 1,8,32] [--seconds 10] [--rounds 2] [--pushback]``
+
+Against a real kube-apiserver + etcd (``tests/realapi/bin/kubetestenv``), N workers of
+``bench/gocontroller`` loop over GET / merge-PATCH / LIST limit=5 / LIST in pages of 2 / CREATE
+/ DELETE at full speed, once per mode in each round: direct, watchproxy with its defaults
+(``watchproxy run``), and ``kubectl proxy``. Printed per cell: requests per second, p50 and p99,
+errors, and the CPU of every process (apiserver, proxy, load generator) as a share of one
+core, so that the machine's own limit shows.
+
+``--pushback`` adds the second phase: the workers act as a ServiceAccount whose requests the
+apiserver's API Priority and Fairness puts in a priority level of one nominal share that rejects
+what it cannot run at once (429), and the table adds the 429s the apiserver issued (from its
+``apiserver_flowcontrol_rejected_requests_total``) per mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import socket
+import ssl
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.gobuild import go_binary
+from tests.realapi.fixture import RealApiServer, start_kubetestenv
+
+NAMESPACE = "default"
+CONFIGMAPS = f"/api/v1/namespaces/{NAMESPACE}/configmaps"
+BENCH_SA = "bench-controller"
+MODES = ("direct", "watchproxy", "kubectl")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a running process, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Api:
+    """Plain HTTPS calls to the apiserver for the set-up (as its admin)."""
+
+    def __init__(self, server: RealApiServer) -> None:
+        self.server = server
+        self.ssl = ssl.create_default_context(cafile=server.ca_file)
+
+    def call(self, method: str, path: str, body: Any = None, token: str | None = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(
+            self.server.url + path,
+            data=data,
+            method=method,
+            headers={**self.server.auth(token), "Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, context=self.ssl, timeout=30) as response:
+                return json.loads(response.read() or b"null")
+        except urllib.error.HTTPError as error:
+            if error.code == 409:  # already there from an earlier run
+                return None
+            raise
+
+    def metric(self, name: str) -> float:
+        request = urllib.request.Request(self.server.url + "/metrics", headers=self.server.auth())
+        with urllib.request.urlopen(request, context=self.ssl, timeout=30) as response:
+            text = response.read().decode()
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith(name + "{") or line.startswith(name + " ")
+        )
+
+
+def seed(api: Api) -> None:
+    api.call("POST", CONFIGMAPS, {"metadata": {"name": "bench-shared"}, "data": {}})
+    for i in range(10):
+        api.call("POST", CONFIGMAPS, {"metadata": {"name": f"bench-page-{i}"}, "data": {"i": "x"}})
+
+
+def pushback_identity(api: Api) -> str:
+    """A ServiceAccount token whose requests land in a one-share priority level that rejects."""
+    api.call("POST", f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts", {"metadata": {"name": BENCH_SA}})
+    api.call(
+        "POST",
+        "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+        {
+            "metadata": {"name": BENCH_SA},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+            "subjects": [{"kind": "ServiceAccount", "name": BENCH_SA, "namespace": NAMESPACE}],
+        },
+    )  # fmt: skip
+    flowcontrol = "/apis/flowcontrol.apiserver.k8s.io/v1"
+    api.call(
+        "POST",
+        flowcontrol + "/prioritylevelconfigurations",
+        {
+            "metadata": {"name": BENCH_SA},
+            "spec": {"type": "Limited", "limited": {
+                "nominalConcurrencyShares": 1, "lendablePercent": 0,
+                "limitResponse": {"type": "Reject"},
+            }},
+        },
+    )  # fmt: skip
+    api.call(
+        "POST",
+        flowcontrol + "/flowschemas",
+        {
+            "metadata": {"name": BENCH_SA},
+            "spec": {
+                "priorityLevelConfiguration": {"name": BENCH_SA},
+                "matchingPrecedence": 100,
+                "distinguisherMethod": {"type": "ByUser"},
+                "rules": [{
+                    "subjects": [{"kind": "ServiceAccount", "serviceAccount": {
+                        "name": BENCH_SA, "namespace": NAMESPACE}}],
+                    "resourceRules": [{"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"],
+                                       "namespaces": ["*"], "clusterScope": True}],
+                }],
+            },
+        },
+    )  # fmt: skip
+    answer = api.call(
+        "POST",
+        f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/{BENCH_SA}/token",
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {}},
+    )
+    return str(answer["status"]["token"])
+
+
+@dataclass
+class Process:
+    name: str
+    popen: subprocess.Popen[bytes]
+
+    def cpu(self) -> float:
+        return cpu_seconds(self.popen.pid)
+
+
+def wait_http(url: str, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{what} did not come up at {url}")
+        time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def proxies(kubeconfig: str, workdir: Path) -> Iterator[dict[str, tuple[str, Process]]]:
+    """watchproxy (defaults) and kubectl proxy in front of ``kubeconfig``: mode -> (url, process)."""
+    port, admin = free_port(), free_port()
+    watchproxy = subprocess.Popen(
+        [sys.executable, "-m", "watchproxy", "run", "--kubeconfig", kubeconfig,
+         "--listen-port", str(port), "--admin-port", str(admin), "--log-level", "warning"],
+        stdin=subprocess.DEVNULL, stdout=open(workdir / "watchproxy.log", "ab"), stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    kport = free_port()
+    kubectl = subprocess.Popen(
+        ["kubectl", "proxy", f"--port={kport}", f"--kubeconfig={kubeconfig}"],
+        stdin=subprocess.DEVNULL, stdout=open(workdir / "kubectl.log", "ab"), stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        wait_http(f"http://127.0.0.1:{admin}/readyz", "watchproxy")
+        wait_http(f"http://127.0.0.1:{kport}/version", "kubectl proxy")
+        yield {
+            "watchproxy": (f"http://127.0.0.1:{port}", Process("watchproxy", watchproxy)),
+            "kubectl": (f"http://127.0.0.1:{kport}", Process("kubectl proxy", kubectl)),
+        }
+    finally:
+        for child in (watchproxy, kubectl):
+            child.terminate()
+            try:
+                child.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+
+
+@dataclass
+class Cell:
+    mode: str
+    workers: int
+    per_second: float
+    p50_ms: float
+    p99_ms: float
+    errors: dict[str, int]
+    cpu: dict[str, float]  # process -> share of one core
+    rejected: float = 0.0  # 429s the apiserver issued in this cell
+
+
+def run_cell(
+    binary: Path, mode: str, url: str, workers: int, seconds: float, *, token_file: str | None,
+    ca: str | None, watched: dict[str, Process], api: Api | None,
+) -> Cell:  # fmt: skip
+    args = [str(binary), "-url", url, "-workers", str(workers), "-seconds", str(seconds)]
+    if token_file:
+        args += ["-token-file", token_file]
+    if ca:
+        args += ["-ca", ca]
+    rejected_before = api.metric("apiserver_flowcontrol_rejected_requests_total") if api else 0.0
+    before = {name: p.cpu() for name, p in watched.items()}
+    started = time.monotonic()
+    load = subprocess.Popen(args, stdout=subprocess.PIPE)
+    assert load.stdout is not None
+    out = load.stdout.read()  # the generator ends by itself after ``seconds``
+    _, status, usage = os.wait4(load.pid, 0)
+    load.returncode = os.waitstatus_to_exitcode(status)
+    load.stdout.close()
+    elapsed = time.monotonic() - started
+    if load.returncode != 0:
+        raise SystemExit(f"gocontroller failed ({load.returncode}) in mode {mode}")
+    result = json.loads(out)
+    cpu = {name: (p.cpu() - before[name]) / elapsed for name, p in watched.items()}
+    cpu["load"] = (usage.ru_utime + usage.ru_stime) / elapsed
+    rejected = (
+        api.metric("apiserver_flowcontrol_rejected_requests_total") - rejected_before
+        if api
+        else 0.0
+    )
+    return Cell(
+        mode, workers, result["per_second"], result["p50_ms"], result["p99_ms"],
+        result["errors"], cpu, rejected,
+    )  # fmt: skip
+
+
+def report(cells: list[Cell], *, pushback: bool) -> None:
+    by: dict[tuple[str, int], list[Cell]] = {}
+    for cell in cells:
+        by.setdefault((cell.mode, cell.workers), []).append(cell)
+    header = "mode        N   req/s   p50 ms  p99 ms  errors                 CPU (share of a core)"
+    print(header + ("  apiserver 429s" if pushback else ""))
+    workers = sorted({c.workers for c in cells})
+    for n in workers:
+        medians: dict[str, tuple[float, float, float]] = {}
+        for mode in MODES:
+            group = by.get((mode, n), [])
+            if not group:
+                continue
+            rps = statistics.median(c.per_second for c in group)
+            p50 = statistics.median(c.p50_ms for c in group)
+            p99 = statistics.median(c.p99_ms for c in group)
+            medians[mode] = (rps, p50, p99)
+            errors: dict[str, int] = {}
+            for c in group:
+                for k, v in c.errors.items():
+                    errors[k] = errors.get(k, 0) + v
+            cpu = " ".join(
+                f"{name} {100 * statistics.median(c.cpu.get(name, 0.0) for c in group):.0f}%"
+                for name in sorted({k for c in group for k in c.cpu})
+            )
+            line = f"{mode:<10} {n:>3} {rps:>7.0f} {p50:>8.2f} {p99:>7.2f}  {json.dumps(errors):<22} {cpu}"
+            if pushback:
+                line += f"  {sum(c.rejected for c in group):.0f}"
+            print(line)
+        if {"direct", "watchproxy", "kubectl"} <= medians.keys():
+            d, w, k = medians["direct"], medians["watchproxy"], medians["kubectl"]
+            print(
+                f"  N={n}: watchproxy {w[0] / d[0]:.2f}x direct throughput, {w[0] / k[0]:.2f}x "
+                f"kubectl proxy's; added p50 {w[1] - d[1]:+.2f} ms, added p99 {w[2] - d[2]:+.2f} ms; "
+                f"p99 {w[2] / k[2]:.2f}x kubectl proxy's"
+            )
+    if pushback:
+        total = {m: sum(c.rejected for c in cells if c.mode == m) for m in MODES}
+        if total["direct"]:
+            print(f"  apiserver 429s through watchproxy: {total['watchproxy'] / total['direct']:.2f}x direct's")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", default="1,8,32", help="comma-separated worker counts")
+    parser.add_argument("--seconds", type=float, default=10.0, help="per cell")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds (medians)")
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--pushback", action="store_true", help="second phase: APF rejects")
+    a = parser.parse_args()
+    binary = go_binary("gocontroller")
+    modes = a.modes.split(",")
+    with tempfile.TemporaryDirectory(prefix="bench-controller-") as tmp:
+        workdir = Path(tmp)
+        server = start_kubetestenv(workdir / "api")
+        try:
+            api = Api(server)
+            seed(api)
+            token_file = workdir / "token"
+            kubeconfig = server.kubeconfig
+            if a.pushback:
+                token_file.write_text(pushback_identity(api))
+                kubeconfig = server.write_kubeconfig(
+                    workdir / "bench.kubeconfig", token=token_file.read_text()
+                )
+            else:
+                token_file.write_text(server.token)
+            apiserver = Process("apiserver", server.process)
+            with proxies(kubeconfig, workdir) as fronts:
+                cells: list[Cell] = []
+                for _round in range(a.rounds):
+                    for n in (int(x) for x in a.workers.split(",")):
+                        for mode in modes:
+                            watched = {"apiserver": apiserver}
+                            if mode == "direct":
+                                url, token, ca = server.url, str(token_file), server.ca_file
+                            else:
+                                url, process = fronts[mode]
+                                token, ca = None, None
+                                watched[mode] = process
+                            cells.append(
+                                run_cell(
+                                    binary, mode, url, n, a.seconds, token_file=token, ca=ca,
+                                    watched=watched, api=api if a.pushback else None,
+                                )
+                            )  # fmt: skip
+            report(cells, pushback=a.pushback)
+        finally:
+            server.stop()
+
+
+if __name__ == "__main__":
+    main()

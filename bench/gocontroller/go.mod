@@ -1,0 +1,3 @@
+module watchproxy.bench/gocontroller
+
+go 1.25.0
