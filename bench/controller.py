@@ -1,4 +1,4 @@
-"""Controller benchmark: a busy controller's requests direct, through watchproxy, through kubectl proxy.
+"""Controller benchmark: a busy controller direct, through watchproxy, through kubectl proxy.
 
 ``python -m bench.controller [--workers 1,8,32] [--seconds 10] [--rounds 2] [--pushback]``
 
@@ -97,13 +97,18 @@ def seed(api: Api) -> None:
 
 def pushback_identity(api: Api) -> str:
     """A ServiceAccount token whose requests land in a one-share priority level that rejects."""
-    api.call("POST", f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts", {"metadata": {"name": BENCH_SA}})
+    accounts = f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts"
+    api.call("POST", accounts, {"metadata": {"name": BENCH_SA}})
     api.call(
         "POST",
         "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
         {
             "metadata": {"name": BENCH_SA},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "cluster-admin",
+            },
             "subjects": [{"kind": "ServiceAccount", "name": BENCH_SA, "namespace": NAMESPACE}],
         },
     )  # fmt: skip
@@ -170,18 +175,22 @@ def wait_http(url: str, what: str, timeout: float = 60.0) -> None:
 
 @contextlib.contextmanager
 def proxies(kubeconfig: str, workdir: Path) -> Iterator[dict[str, tuple[str, Process]]]:
-    """watchproxy (defaults) and kubectl proxy in front of ``kubeconfig``: mode -> (url, process)."""
+    """watchproxy (defaults) and kubectl proxy before ``kubeconfig``: mode -> (url, process)."""
     port, admin = free_port(), free_port()
-    watchproxy = subprocess.Popen(
-        [sys.executable, "-m", "watchproxy", "run", "--kubeconfig", kubeconfig,
-         "--listen-port", str(port), "--admin-port", str(admin), "--log-level", "warning"],
-        stdin=subprocess.DEVNULL, stdout=open(workdir / "watchproxy.log", "ab"), stderr=subprocess.STDOUT,
-    )  # fmt: skip
     kport = free_port()
-    kubectl = subprocess.Popen(
-        ["kubectl", "proxy", f"--port={kport}", f"--kubeconfig={kubeconfig}"],
-        stdin=subprocess.DEVNULL, stdout=open(workdir / "kubectl.log", "ab"), stderr=subprocess.STDOUT,
-    )  # fmt: skip
+    with (
+        open(workdir / "watchproxy.log", "ab") as watchproxy_log,
+        open(workdir / "kubectl.log", "ab") as kubectl_log,
+    ):
+        watchproxy = subprocess.Popen(
+            [sys.executable, "-m", "watchproxy", "run", "--kubeconfig", kubeconfig,
+             "--listen-port", str(port), "--admin-port", str(admin), "--log-level", "warning"],
+            stdin=subprocess.DEVNULL, stdout=watchproxy_log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        kubectl = subprocess.Popen(
+            ["kubectl", "proxy", f"--port={kport}", f"--kubeconfig={kubeconfig}"],
+            stdin=subprocess.DEVNULL, stdout=kubectl_log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
     try:
         wait_http(f"http://127.0.0.1:{admin}/readyz", "watchproxy")
         wait_http(f"http://127.0.0.1:{kport}/version", "kubectl proxy")
@@ -271,7 +280,8 @@ def report(cells: list[Cell], *, pushback: bool) -> None:
                 f"{name} {100 * statistics.median(c.cpu.get(name, 0.0) for c in group):.0f}%"
                 for name in sorted({k for c in group for k in c.cpu})
             )
-            line = f"{mode:<10} {n:>3} {rps:>7.0f} {p50:>8.2f} {p99:>7.2f}  {json.dumps(errors):<22} {cpu}"
+            line = f"{mode:<10} {n:>3} {rps:>7.0f} {p50:>8.2f} {p99:>7.2f}  "
+            line += f"{json.dumps(errors):<22} {cpu}"
             if pushback:
                 line += f"  {sum(c.rejected for c in group):.0f}"
             print(line)
@@ -279,13 +289,14 @@ def report(cells: list[Cell], *, pushback: bool) -> None:
             d, w, k = medians["direct"], medians["watchproxy"], medians["kubectl"]
             print(
                 f"  N={n}: watchproxy {w[0] / d[0]:.2f}x direct throughput, {w[0] / k[0]:.2f}x "
-                f"kubectl proxy's; added p50 {w[1] - d[1]:+.2f} ms, added p99 {w[2] - d[2]:+.2f} ms; "
-                f"p99 {w[2] / k[2]:.2f}x kubectl proxy's"
+                f"kubectl proxy's; added p50 {w[1] - d[1]:+.2f} ms, added p99 "
+                f"{w[2] - d[2]:+.2f} ms; p99 {w[2] / k[2]:.2f}x kubectl proxy's"
             )
     if pushback:
         total = {m: sum(c.rejected for c in cells if c.mode == m) for m in MODES}
         if total["direct"]:
-            print(f"  apiserver 429s through watchproxy: {total['watchproxy'] / total['direct']:.2f}x direct's")
+            ratio = total["watchproxy"] / total["direct"]
+            print(f"  apiserver 429s through watchproxy: {ratio:.2f}x direct's")
 
 
 def main() -> None:
