@@ -1,4 +1,5 @@
-"""``watchproxy-demo``: the proxy in front of an embedded fake apiserver with churning pods.
+"""``watchproxy-demo`` (``scripts/demo.sh``, ``python -m kubefake.demo``): the proxy in front of
+an embedded fake apiserver with churning pods.
 
 For trying watchproxy without a cluster. It lives here, beside the fake apiserver, so that the
 product package never imports the fake; it needs the ``demo`` extra (trustme) for certificates.
@@ -176,7 +177,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         import trustme  # noqa: F401  (the fake's certificates; only the demo extra has it)
     except ImportError:
         print(
-            "watchproxy-demo: the demo needs its extra: pip install 'watchproxy[demo]'",
+            "watchproxy-demo: the demo needs trustme (scripts/demo.sh installs it: "
+            "pip install -e '.[demo]' in a checkout)",
             file=sys.stderr,
         )
         return 2

@@ -1,8 +1,8 @@
 """Command line: ``watchproxy [run]``, ``watchproxy check-config``, ``watchproxy kubeconfig``,
 ``watchproxy inject``.
 
-The demo (``watchproxy-demo``) lives with the fake apiserver in ``kubefake.demo`` and reuses the
-config flags and loop set-up from here; the product never imports the fake."""
+The demo (``scripts/demo.sh``: ``python -m kubefake.demo``) lives with the fake apiserver and
+reuses the config flags and loop set-up from here; the product never imports the fake."""
 
 from __future__ import annotations
 

@@ -14,13 +14,17 @@ import pytest
 import yaml
 
 BIN = Path(sys.executable).parent
+DEMO = [sys.executable, "-m", "kubefake.demo"]
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run an installed console script (watchproxy, watchproxy-demo) or ``python -c``."""
-    command = (
-        [sys.executable, *args[1:]] if args[0] == "python" else [str(BIN / args[0]), *args[1:]]
-    )
+    """Run the installed ``watchproxy``, the demo (as scripts/demo.sh does) or ``python``."""
+    if args[0] == "python":
+        command = [sys.executable, *args[1:]]
+    elif args[0] == "watchproxy-demo":
+        command = [*DEMO, *args[1:]]
+    else:
+        command = [str(BIN / args[0]), *args[1:]]
     return subprocess.run(
         command,
         capture_output=True,
@@ -64,7 +68,7 @@ def busy_port() -> Iterator[int]:
 def test_version() -> None:
     result = run("watchproxy", "--version")
     assert result.returncode == 0
-    assert result.stdout.strip() == "watchproxy 0.1.0"
+    assert result.stdout.strip() == "watchproxy 0.2.0"
 
 
 @pytest.mark.parametrize(
@@ -177,7 +181,10 @@ def test_demo_without_its_extra_says_so_in_one_line() -> None:
         "from kubefake.demo import main; sys.exit(main())"
     )
     line = one_line_exit_2(run("python", "-c", code))
-    assert line == "watchproxy-demo: the demo needs its extra: pip install 'watchproxy[demo]'"
+    assert line == (
+        "watchproxy-demo: the demo needs trustme (scripts/demo.sh installs it: "
+        "pip install -e '.[demo]' in a checkout)"
+    )
 
 
 @pytest.mark.parametrize(
@@ -209,7 +216,7 @@ def test_demo_listens_on_loopback_and_leaves_no_temporary_directory(
     tmp_path: Path, stop: signal.Signals
 ) -> None:
     with subprocess.Popen(
-        [str(BIN / "watchproxy-demo"), "--listen-port", "0", "--admin-port", "0"],
+        [*DEMO, "--listen-port", "0", "--admin-port", "0"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
