@@ -94,7 +94,9 @@ def run_inject(args: argparse.Namespace) -> int:
             with open(args.filename, encoding="utf-8") as handle:
                 text = handle.read()
         docs = inject.inject_documents(
-            inject.parse_manifests(text, source), args.image or inject.DEFAULT_IMAGE
+            inject.parse_manifests(text, source),
+            args.image or inject.DEFAULT_IMAGE,
+            warn=lambda line: print(f"watchproxy inject: warning: {line}", file=sys.stderr),
         )
     except OSError as error:
         print(f"watchproxy inject: cannot read {source}: {error.strerror}", file=sys.stderr)

@@ -159,6 +159,8 @@ def config_maps(namespace: str | None) -> list[dict[str, Any]]:
             "apiVersion": "v1",
             "kind": "ConfigMap",
             "metadata": {"name": KUBECONFIG_MAP, **metadata},
-            "data": {KUBECONFIG_KEY: render_kubeconfig()},
+            # The pod's own namespace as the context's, as in-cluster clients default to it;
+            # without one, kubeconfig clients would use "default".
+            "data": {KUBECONFIG_KEY: render_kubeconfig(namespace=namespace)},
         },
     ]
