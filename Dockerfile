@@ -5,7 +5,7 @@
 #   scripts/image.sh build     # without a daemon or a registry: buildah, a base made by mmdebstrap
 #
 # Builder and runtime use the same base image so the virtualenv copied from one to the other
-# finds its interpreter at the same path (/usr/local/bin/python3.11).
+# finds its interpreter at the same path (the base image's python3.11).
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 

@@ -76,6 +76,14 @@ size() {
     podman image inspect --format '{{.Size}}' "$IMAGE"
 }
 
+innermost() {
+    local pid="$1" next
+    while next="$(ps -o pid= --ppid "$pid" | head -n 1 | tr -d ' ')" && [ -n "$next" ]; do
+        pid="$next"
+    done
+    echo "$pid"
+}
+
 run() {
     need buildah
     local sa_dir="$1"
@@ -84,14 +92,22 @@ run() {
     local container mount
     container="$(buildah from --quiet "$IMAGE")"
     mount="$(buildah mount "$container")"
+    # buildah creates its mount points (/etc/hosts, /etc/resolv.conf, ...) in the root on the
+    # first run, which a read-only /etc would refuse: one run of `true` first.
+    buildah run --isolation chroot --volume "$sa_dir:/run/secrets/kubernetes.io/serviceaccount:ro" \
+        "$container" -- true
     # A read-only root, as readOnlyRootFilesystem gives in Kubernetes: every directory of the
     # image bound read-only over itself (buildah keeps /dev, /proc, /sys and /run for itself).
-    local binds=()
+    # /tmp is a fresh writable directory, as the manifests' emptyDir.
+    local binds=() tmp
     for dir in "$mount"/*; do
         name="$(basename "$dir")"
-        case "$name" in dev | proc | sys | run) continue ;; esac
+        case "$name" in dev | proc | sys | run | tmp) continue ;; esac
         [ -L "$dir" ] || binds+=(--volume "$dir:/$name:ro")
     done
+    tmp="$(mktemp -d)"
+    chmod 1777 "$tmp"
+    binds+=(--volume "$tmp:/tmp")
     # /var/run/secrets/... is not honoured under chroot isolation; /run/secrets is the same
     # path inside the image (/var/run links to /run).
     buildah run --isolation chroot --user 65532:65532 "${binds[@]}" \
@@ -100,8 +116,10 @@ run() {
         --env "KUBERNETES_SERVICE_PORT=${KUBERNETES_SERVICE_PORT:?}" \
         "$container" -- watchproxy "$@" &
     local child=$!
-    # SIGTERM/SIGINT go to buildah, which passes them on to watchproxy; then the container goes.
-    trap 'kill -TERM "$child" 2>/dev/null || true' TERM INT
+    # SIGTERM/SIGINT go to the container's command, as the kubelet signals a container's main
+    # process: buildah itself ends its chroot child without a signal it can handle. The
+    # command is the end of the chain buildah -> buildah-chroot-runtime -> -exec -> watchproxy.
+    trap 'kill -TERM "$(innermost "$child")" 2>/dev/null || true' TERM INT
     local status=0
     wait "$child" || status=$?
     if kill -0 "$child" 2>/dev/null; then  # the trap ran: wait for the real exit status
@@ -109,6 +127,7 @@ run() {
         wait "$child" || status=$?
     fi
     buildah rm "$container" >/dev/null
+    rm -rf "$tmp"
     return "$status"
 }
 
