@@ -18,6 +18,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics import MetricWrapperBase
 
 from watchproxy import __version__
+from watchproxy.backoffdelay import BackoffDelay
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 # Client watches live 30 to 60 minutes by default (hub.client_watch_*_seconds); exec sessions and
@@ -38,34 +39,6 @@ class MetricDoc:
     type: str
     labels: tuple[str, ...]
     help: str
-
-
-class BackoffDelay:
-    """``watchproxy_backoff_delay_seconds``: the longest backoff wait still under way, else 0.
-
-    Its writers (the connectivity prober and every shared watch) call ``set(delay)`` just
-    before they sleep ``delay`` seconds, and no writer says when its sleep is over. So the
-    gauge cannot hold the value written last (that stayed at the last delay after recovery):
-    each ``set`` records a wait ending ``delay`` seconds later, and a scrape reads the longest
-    wait that has not ended. A wait cut short (its shared watch closed) counts until its end.
-    """
-
-    def __init__(self, gauge: Gauge, clock: Callable[[], float] = time.monotonic) -> None:
-        self._clock = clock
-        self._waits: list[tuple[float, float]] = []  # (ends at, delay)
-        gauge.set_function(self.value)
-
-    def set(self, delay: float) -> None:
-        """A writer starts waiting ``delay`` seconds (0: it is not waiting)."""
-        now = self._clock()
-        # Bounded: at most one wait under way per shared watch, plus the prober's.
-        self._waits = [wait for wait in self._waits if wait[0] > now]
-        if delay > 0:
-            self._waits.append((now + delay, delay))
-
-    def value(self) -> float:
-        now = self._clock()
-        return max((delay for ends, delay in self._waits if ends > now), default=0.0)
 
 
 class Metrics:
@@ -198,15 +171,11 @@ class Metrics:
             Counter, "watchproxy_watch_upstream_opens",
             "Upstream lists and watches opened by shared watches.",
         )  # fmt: skip
-        self.backoff_delay = BackoffDelay(
-            add(
-                Gauge,
-                "watchproxy_backoff_delay_seconds",
-                "The longest backoff wait under way, by the connectivity prober while the "
-                "apiserver is unreachable or by a shared watch after a failed upstream watch "
-                "(0 when nothing is backing off).",
-            )
-        )
+        self.backoff_delay = BackoffDelay(add(
+            Gauge, "watchproxy_backoff_delay_seconds",
+            "The longest backoff wait under way, by the connectivity prober while the apiserver "
+            "is unreachable or by a shared watch after a failed upstream watch (0 when none).",
+        ))  # fmt: skip
         self.backoff_seconds = add(
             Counter,
             "watchproxy_backoff_seconds",
