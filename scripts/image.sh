@@ -89,8 +89,12 @@ run() {
     local sa_dir="$1"
     shift
     [ "${1:-}" = "--" ] && shift
-    local container mount
+    local mount
+    # Globals: the EXIT trap runs after this function has returned.
+    container="" tmp=""
     container="$(buildah from --quiet "$IMAGE")"
+    # The working container and the /tmp directory go on any way out, a failure included.
+    trap 'buildah rm "$container" >/dev/null 2>&1 || true; [ -z "$tmp" ] || rm -rf "$tmp"' EXIT
     mount="$(buildah mount "$container")"
     # buildah creates its mount points (/etc/hosts, /etc/resolv.conf, ...) in the root on the
     # first run, which a read-only /etc would refuse: one run of `true` first.
@@ -99,7 +103,7 @@ run() {
     # A read-only root, as readOnlyRootFilesystem gives in Kubernetes: every directory of the
     # image bound read-only over itself (buildah keeps /dev, /proc, /sys and /run for itself).
     # /tmp is a fresh writable directory, as the manifests' emptyDir.
-    local binds=() tmp
+    local binds=()
     for dir in "$mount"/*; do
         name="$(basename "$dir")"
         case "$name" in dev | proc | sys | run | tmp) continue ;; esac
@@ -126,8 +130,6 @@ run() {
         status=0
         wait "$child" || status=$?
     fi
-    buildah rm "$container" >/dev/null
-    rm -rf "$tmp"
     return "$status"
 }
 

@@ -180,5 +180,11 @@ async def test_the_image_serves_as_a_sidecar_and_stops_on_sigterm(
             assert "stopped" in tail, tail
         finally:
             if container.returncode is None:
-                os.killpg(container.pid, signal.SIGKILL)
-                await container.wait()
+                # SIGTERM lets the script remove its working container; SIGKILL if it hangs.
+                container.send_signal(signal.SIGTERM)
+                try:
+                    async with asyncio.timeout(30):
+                        await container.wait()
+                except TimeoutError:
+                    os.killpg(container.pid, signal.SIGKILL)
+                    await container.wait()
