@@ -938,7 +938,7 @@ def test_shipped_kubeconfigs_are_what_the_cli_prints(shipped: str, args: list[st
 # - the process without a cached collection: 43.2 MiB RSS at the start of
 #   `python -m bench.soak --duration 600 --clients 100 --fault-interval 20 --seed 3` (2026-12-02);
 # - cached objects: 1.19 bytes of RSS per byte of JSON, 10,000 pods
-#   (`python -m bench.collection --pods 10000 --kubectl-proxy`, 2026-12-02);
+#   (`python -m bench.collection --pods 10000 --kubectl-proxy`, 2026-12-04);
 # - history: at most 1.4 x the budget (4 MiB: +6.0 MB; 16 MiB: +20.9 MB)
 #   (`python -m bench.backlog --budget-mib N`, 2026-12-04).
 PROCESS_BYTES = 45 * 2**20
