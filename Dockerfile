@@ -1,10 +1,11 @@
 # syntax=docker/dockerfile:1
 #
 # watchproxy container image.
-#   docker build -t watchproxy:0.1.0 --build-arg VERSION=0.1.0 .
+#   docker build -t watchproxy:0.2.0 --build-arg VERSION=0.2.0 .
+#   scripts/image.sh build     # without a daemon or a registry: buildah, a base made by mmdebstrap
 #
 # Builder and runtime use the same base image so the virtualenv copied from one to the other
-# finds its interpreter at the same path (/usr/local/bin/python3.11).
+# finds its interpreter at the same path (the base image's python3.11).
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
@@ -30,12 +31,13 @@ RUN /opt/venv/bin/pip install --no-cache-dir --only-binary=:all: -c constraints.
 
 FROM ${PYTHON_IMAGE}
 
-ARG VERSION=0.1.0
+ARG PYTHON_IMAGE
+ARG VERSION=0.2.0
 LABEL org.opencontainers.image.title="watchproxy" \
       org.opencontainers.image.description="Sidecar proxy for the Kubernetes API that shares identical watches, rate-limits and backs off upstream" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.licenses="Apache-2.0" \
-      org.opencontainers.image.base.name="docker.io/library/python:3.11-slim-bookworm"
+      org.opencontainers.image.base.name="${PYTHON_IMAGE}"
 
 # PYTHONDONTWRITEBYTECODE: the root filesystem is read-only in Kubernetes; pip already compiled
 # the .pyc files at build time. PYTHONUNBUFFERED: log lines reach `kubectl logs` at once.

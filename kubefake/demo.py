@@ -1,4 +1,5 @@
-"""``watchproxy-demo``: the proxy in front of an embedded fake apiserver with churning pods.
+"""``watchproxy-demo`` (``scripts/demo.sh``, ``python -m kubefake.demo``): the proxy in front of
+an embedded fake apiserver with churning pods.
 
 For trying watchproxy without a cluster. It lives here, beside the fake apiserver, so that the
 product package never imports the fake; it needs the ``demo`` extra (trustme) for certificates.
@@ -9,20 +10,23 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import logging
 import math
 import os
 import sys
 import tempfile
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 from watchproxy.cli import (
     OneLineParser,
     add_config_flags,
+    config_path,
+    flag_overrides,
     install_loop,
-    load_config,
-    wait_for_signal,
+    stop_event,
 )
-from watchproxy.config import Config, ConfigError
+from watchproxy.config import Config, ConfigError, build_config, load_file
 from watchproxy.kube.credentials import from_kubeconfig
 from watchproxy.logs import setup_logging
 
@@ -34,9 +38,23 @@ async def run_demo(
     config: Config,
     *,
     rate: float,
-    wait: Callable[[], Awaitable[None]],
     outages: Sequence[Outage] = (),
     outage_mode: str = "refuse",
+) -> None:
+    stop = stop_event()
+    # Removed on every way out: Ctrl-C, SIGTERM, a port already in use.
+    with tempfile.TemporaryDirectory(prefix="watchproxy-demo-") as workdir:
+        await _serve(config, workdir, rate=rate, wait=stop.wait, outages=outages, mode=outage_mode)
+
+
+async def _serve(
+    config: Config,
+    workdir: str,
+    *,
+    rate: float,
+    wait: Callable[[], Awaitable[bool]],
+    outages: Sequence[Outage],
+    mode: str,
 ) -> None:
     from watchproxy.app import Proxy
     from watchproxy.kube.kubeconfig import render_kubeconfig
@@ -44,14 +62,21 @@ async def run_demo(
     from .churn import Churner
     from .server import FakeApiServer
 
-    workdir = tempfile.mkdtemp(prefix="watchproxy-demo-")
+    outage_mode = mode
     async with FakeApiServer() as fake:
         upstream_kubeconfig = fake.write_kubeconfig(os.path.join(workdir, "upstream.kubeconfig"))
         target = from_kubeconfig(upstream_kubeconfig)
         upstream = dataclasses.replace(config.upstream, kubeconfig=upstream_kubeconfig)
         proxy = Proxy(dataclasses.replace(config, upstream=upstream), target)
         churner = Churner(fake.store, rate=rate)
-        await proxy.start()
+        try:
+            await proxy.start()
+        except BaseException:
+            # As `watchproxy run` does: main() reports the cause in one line, so the stop of
+            # what had started is not logged.
+            logging.getLogger("watchproxy").setLevel(logging.WARNING)
+            await proxy.stop()
+            raise
         admin = f"http://127.0.0.1:{proxy.admin_port}"
         schedule = OutageSchedule(
             fake.faults,
@@ -152,27 +177,48 @@ def main(argv: Sequence[str] | None = None) -> int:
         import trustme  # noqa: F401  (the fake's certificates; only the demo extra has it)
     except ImportError:
         print(
-            "watchproxy-demo: the demo needs its extra: pip install 'watchproxy[demo]'",
+            "watchproxy-demo: the demo needs trustme (scripts/demo.sh installs it: "
+            "pip install -e '.[demo]' in a checkout)",
             file=sys.stderr,
         )
         return 2
     try:
-        config = load_config(args, dict(os.environ))
+        config = demo_config(args, dict(os.environ))
     except ConfigError as error:
         print(f"watchproxy-demo: {error}", file=sys.stderr)
         return 2
     setup_logging(config.logging.level, as_json=config.logging.json)
     install_loop()
-    asyncio.run(
-        run_demo(
-            config,
-            rate=args.rate,
-            wait=wait_for_signal,
-            outages=outages,
-            outage_mode=args.outage_mode,
+    try:
+        asyncio.run(
+            run_demo(
+                config,
+                rate=args.rate,
+                outages=outages,
+                outage_mode=args.outage_mode,
+            )
         )
-    )
+    except OSError as error:
+        # A port already in use, most often: Proxy.start names the address.
+        hint = " (--listen-port/--admin-port choose others, 0 any free one)"
+        print(f"watchproxy-demo: {error.strerror or error}{hint}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        # Ctrl-C before the signal handlers were in place; the temporary directory is gone.
+        return 130
     return 0
+
+
+def demo_config(args: argparse.Namespace, env: dict[str, str]) -> Config:
+    """The config as ``watchproxy run`` builds it, except that the admin port listens on
+    loopback unless the file, the environment or a flag says otherwise: a demo on a laptop
+    should not offer its metrics and debug view to the network."""
+    path = config_path(args, env)
+    data: dict[str, Any] = dict(load_file(path)) if path else {}
+    admin = data.get("admin")
+    if admin is None or isinstance(admin, dict):  # anything else: build_config names it
+        data["admin"] = {"host": "127.0.0.1", **(admin or {})}
+    return build_config(data, file_name=path or "config", env=env, overrides=flag_overrides(args))
 
 
 if __name__ == "__main__":

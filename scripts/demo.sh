@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install watchproxy into .venv and run it in front of an embedded fake apiserver.
+# Run watchproxy in front of an embedded fake apiserver (installs .venv on first use only).
 set -euo pipefail
 EXTRAS=demo source "$(dirname "$0")/venv.sh"
-exec .venv/bin/watchproxy-demo "$@"
+exec .venv/bin/python -m kubefake.demo "$@"

@@ -1,8 +1,8 @@
 """Command line: ``watchproxy [run]``, ``watchproxy check-config``, ``watchproxy kubeconfig``,
 ``watchproxy inject``.
 
-The demo (``watchproxy-demo``) lives with the fake apiserver in ``kubefake.demo`` and reuses the
-config flags and loop set-up from here; the product never imports the fake."""
+The demo (``scripts/demo.sh``: ``python -m kubefake.demo``) lives with the fake apiserver and
+reuses the config flags and loop set-up from here; the product never imports the fake."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from typing import NoReturn
 from watchproxy import __version__
 from watchproxy.allocator import fix_mmap_threshold
 from watchproxy.config import Config, ConfigError, build_config, load_file, read_env
-from watchproxy.kube.credentials import CredentialsError, resolve_target
+from watchproxy.kube.credentials import CredentialsError, UpstreamTarget, resolve_target
 from watchproxy.logs import setup_logging
 
 # Flags with a config key of their own; anything else goes through --set section.key=value.
@@ -94,7 +94,9 @@ def run_inject(args: argparse.Namespace) -> int:
             with open(args.filename, encoding="utf-8") as handle:
                 text = handle.read()
         docs = inject.inject_documents(
-            inject.parse_manifests(text, source), args.image or inject.DEFAULT_IMAGE
+            inject.parse_manifests(text, source),
+            args.image or inject.DEFAULT_IMAGE,
+            warn=lambda line: print(f"watchproxy inject: warning: {line}", file=sys.stderr),
         )
     except OSError as error:
         print(f"watchproxy inject: cannot read {source}: {error.strerror}", file=sys.stderr)
@@ -142,9 +144,12 @@ def _counted(n: int, what: str, suffix: str = "") -> list[str]:
 def check_config(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     """``watchproxy check-config``: one line on stdout and 0, or one line on stderr and 2."""
     try:
-        load_config(args, env)
+        config = load_config(args, env)
         found = read_env(env)
-    except ConfigError as error:
+        # What `run` reads before it serves: the kubeconfig file and its context, or the
+        # in-cluster ServiceAccount files. Exec plugins are not run here.
+        upstream_target(config, env).close()
+    except (ConfigError, CredentialsError) as error:
         print(f"watchproxy: {error}", file=sys.stderr)
         return 2
     parts = [config_path(args, env) or "no config file"]
@@ -163,24 +168,32 @@ def install_loop() -> None:
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
-async def wait_for_signal() -> None:
+def stop_event() -> asyncio.Event:
+    """An event that SIGTERM or SIGINT sets. Installed before start-up, so that a signal
+    arriving while the ports open stops the process cleanly instead of killing it."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    return stop
 
 
-async def run_proxy(config: Config, env: Mapping[str, str]) -> None:
-    from watchproxy.app import Proxy
-
-    target = resolve_target(
+def upstream_target(config: Config, env: Mapping[str, str]) -> UpstreamTarget:
+    """The apiserver and credentials the config names; CredentialsError names what is wrong."""
+    return resolve_target(
         config.upstream.mode,
         kubeconfig=config.upstream.kubeconfig,
         context=config.upstream.context,
         env=env,
         reload_seconds=config.upstream.token_reload_seconds,
     )
+
+
+async def run_proxy(config: Config, env: Mapping[str, str]) -> None:
+    from watchproxy.app import Proxy
+
+    stop = stop_event()
+    target = upstream_target(config, env)
     # An exec plugin runs once before serving, so that a broken one stops start-up in one line.
     try:
         await target.refresh(strict=True)
@@ -197,7 +210,7 @@ async def run_proxy(config: Config, env: Mapping[str, str]) -> None:
         await proxy.stop()
         raise
     try:
-        await wait_for_signal()
+        await stop.wait()
     finally:
         await proxy.stop()
 
@@ -206,7 +219,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
         argv.insert(0, "run")
-    args = parser().parse_args(argv)
+    command = parser()
+    args, unknown = command.parse_known_args(argv)
+    if unknown:
+        # argparse would blame the top-level parser for a subcommand's flag.
+        name = f"watchproxy {args.command}" if args.command else "watchproxy"
+        flag = unknown[0].partition("=")[0]
+        what = "unknown flag" if flag.startswith("-") else "unexpected argument"
+        print(f"{name}: {what} {flag} (see {name} --help)", file=sys.stderr)
+        return 2
     env = dict(os.environ)
     if args.command == "inject":
         return run_inject(args)

@@ -14,6 +14,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics import MetricWrapperBase
 
 from watchproxy import __version__
+from watchproxy.backoffdelay import BackoffDelay
 from watchproxy.metricsbase import (
     LATENCY_BUCKETS,
     LOOP_LAG_BUCKETS,
@@ -157,13 +158,11 @@ class Metrics:
             Counter, "watchproxy_watch_upstream_opens",
             "Upstream lists and watches opened by shared watches.",
         )  # fmt: skip
-        self.backoff_delay = add(
-            Gauge,
-            "watchproxy_backoff_delay_seconds",
-            "The backoff delay chosen last, by the connectivity prober while the apiserver is "
-            "unreachable or by a shared watch after a failed upstream watch (0 once the prober "
-            "reaches the apiserver).",
-        )
+        self.backoff_delay = BackoffDelay(add(
+            Gauge, "watchproxy_backoff_delay_seconds",
+            "The longest backoff wait under way, by the connectivity prober while the apiserver "
+            "is unreachable or by a shared watch after a failed upstream watch (0 when none).",
+        ))  # fmt: skip
         self.backoff_seconds = add(
             Counter,
             "watchproxy_backoff_seconds",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -13,13 +14,17 @@ import pytest
 import yaml
 
 BIN = Path(sys.executable).parent
+DEMO = [sys.executable, "-m", "kubefake.demo"]
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run an installed console script (watchproxy, watchproxy-demo) or ``python -c``."""
-    command = (
-        [sys.executable, *args[1:]] if args[0] == "python" else [str(BIN / args[0]), *args[1:]]
-    )
+    """Run the installed ``watchproxy``, the demo (as scripts/demo.sh does) or ``python``."""
+    if args[0] == "python":
+        command = [sys.executable, *args[1:]]
+    elif args[0] == "watchproxy-demo":
+        command = [*DEMO, *args[1:]]
+    else:
+        command = [str(BIN / args[0]), *args[1:]]
     return subprocess.run(
         command,
         capture_output=True,
@@ -63,13 +68,18 @@ def busy_port() -> Iterator[int]:
 def test_version() -> None:
     result = run("watchproxy", "--version")
     assert result.returncode == 0
-    assert result.stdout.strip() == "watchproxy 0.1.0"
+    assert result.stdout.strip() == "watchproxy 0.2.0"
 
 
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (["--bogus"], "watchproxy: unrecognized arguments: --bogus"),
+        (["--bogus"], "watchproxy run: unknown flag --bogus (see watchproxy run --help)"),
+        (["run", "--bogus=1"], "watchproxy run: unknown flag --bogus (see watchproxy run --help)"),
+        (
+            ["check-config", "extra"],
+            "watchproxy check-config: unexpected argument extra (see watchproxy check-config",
+        ),
         (["run", "--listen-port"], "watchproxy run: argument --listen-port: expected one argument"),
         (["frobnicate"], "watchproxy: argument command: invalid choice: 'frobnicate'"),
         (
@@ -171,7 +181,10 @@ def test_demo_without_its_extra_says_so_in_one_line() -> None:
         "from kubefake.demo import main; sys.exit(main())"
     )
     line = one_line_exit_2(run("python", "-c", code))
-    assert line == "watchproxy-demo: the demo needs its extra: pip install 'watchproxy[demo]'"
+    assert line == (
+        "watchproxy-demo: the demo needs trustme (scripts/demo.sh installs it: "
+        "pip install -e '.[demo]' in a checkout)"
+    )
 
 
 @pytest.mark.parametrize(
@@ -188,3 +201,66 @@ def test_bad_inline_credentials_are_named(
     kubeconfig = write_kubeconfig(tmp_path, cluster, user)
     line = one_line_exit_2(run("watchproxy", "run", "--kubeconfig", kubeconfig))
     assert line.startswith(f"watchproxy: kubeconfig {kubeconfig}: {expected}"), line
+
+
+def test_demo_on_a_busy_port_says_so_in_one_line(busy_port: int) -> None:
+    line = one_line_exit_2(run("watchproxy-demo", "--listen-port", str(busy_port)))
+    assert line == (
+        f"watchproxy-demo: cannot listen on 127.0.0.1:{busy_port}: address already in use "
+        "(--listen-port/--admin-port choose others, 0 any free one)"
+    )
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+def test_demo_listens_on_loopback_and_leaves_no_temporary_directory(
+    tmp_path: Path, stop: signal.Signals
+) -> None:
+    with subprocess.Popen(
+        [*DEMO, "--listen-port", "0", "--admin-port", "0"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={"PATH": f"{BIN}:/usr/bin:/bin", "HOME": "/nonexistent", "TMPDIR": str(tmp_path)},
+    ) as demo:
+        _stop_demo(demo, tmp_path, stop)
+    assert list(tmp_path.iterdir()) == [], "the demo left files behind"
+
+
+def _stop_demo(demo: subprocess.Popen[str], tmp_path: Path, stop: signal.Signals) -> None:
+    try:
+        assert demo.stderr is not None
+        lines: list[str] = []
+        for line in demo.stderr:  # the banner ends with the kubectl hints
+            lines.append(line)
+            if "kubectl get pods -w -l app=web" in line or len(lines) > 200:
+                break
+        banner = "".join(lines)
+        kubeconfig = next(
+            line.split("=", 1)[1].strip() for line in lines if "export KUBECONFIG=" in line
+        )
+        assert os.path.dirname(kubeconfig).startswith(str(tmp_path)), banner
+        assert os.path.exists(kubeconfig)
+        admin = next(line.split()[-1] for line in lines if "metrics:" in line)
+        port = int(admin.rsplit(":", 1)[1].split("/")[0])
+        assert ("0.0.0.0", port) not in listening_tcp(), "admin port open to the network"
+        assert ("127.0.0.1", port) in listening_tcp()
+        demo.send_signal(stop)
+        assert demo.wait(timeout=15) == 0
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+
+
+def listening_tcp() -> set[tuple[str, int]]:
+    """(address, port) of every IPv4 TCP socket in LISTEN state, from /proc/net/tcp."""
+    found = set()
+    with open("/proc/net/tcp", encoding="ascii") as table:
+        next(table)
+        for row in table:
+            local, state = row.split()[1], row.split()[3]
+            if state == "0A":
+                address, port = local.split(":")
+                octets = [str(int(address[i : i + 2], 16)) for i in (6, 4, 2, 0)]
+                found.add((".".join(octets), int(port, 16)))
+    return found

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import re
 import time
@@ -181,3 +182,31 @@ def test_docs_metrics_table_matches_the_registry() -> None:
     assert table == markdown_table(), (
         "docs/metrics.md is out of date: regenerate with `python -m watchproxy.metrics`"
     )
+
+
+async def test_backoff_delay_returns_to_zero_once_a_failed_shared_watch_is_back(
+    tmp_path: Any,
+) -> None:
+    """A shared watch whose re-watch fails backs off (the gauge shows the delay); once it is
+    watching again, nobody is backing off and the gauge says 0, as its help text promises."""
+    overrides = {"backoff.initial_seconds": 0.2, "backoff.max_seconds": 0.4}
+    async with running_proxy(tmp_path, overrides) as running, aiohttp.ClientSession() as session:
+        fake, registry = running.fake, running.proxy.metrics.registry
+        fake.store.create("pods", "default", pod("a"))
+        async with session.get(running.url + PODS + "?watch=true") as response:
+            assert response.status == 200
+            await response.content.readline()
+            opens = fake.stats.watch_opens()
+            # The shared watch's stream is cut and its re-watches are refused twice: it backs off.
+            fake.faults.fail_next(2, 500)
+            fake.faults.cut_watches()
+            await wait_for(
+                lambda: (registry.get_sample_value("watchproxy_backoff_delay_seconds") or 0) > 0,
+                what="the shared watch to back off",
+            )
+            await fake.stats.wait_until(lambda s: s.watch_opens() > opens, within=10)
+            fake.store.create("pods", "default", pod("b"))
+            line = json.loads(await response.content.readline())
+            assert (line["type"], line["object"]["metadata"]["name"]) == ("ADDED", "b")
+            metrics = await scrape(session, running.admin_url)
+            assert metrics.value("watchproxy_backoff_delay_seconds") == 0

@@ -929,3 +929,49 @@ def test_shipped_kubeconfigs_are_what_the_cli_prints(shipped: str, args: list[st
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout == (DEPLOY / shipped).read_text(encoding="utf-8")
+
+
+# --------------------------------------------------------------------------------------------
+# Memory: every shipped memory limit holds the configured budgets and the process
+#
+# Measured on the development machine, each with its command:
+# - the process without a cached collection: 43.2 MiB RSS at the start of
+#   `python -m bench.soak --duration 600 --clients 100 --fault-interval 20 --seed 3` (2026-12-02);
+# - cached objects: 1.19 bytes of RSS per byte of JSON, 10,000 pods
+#   (`python -m bench.collection --pods 10000 --kubectl-proxy`, 2026-12-04);
+# - history: at most 1.4 x the budget (4 MiB: +6.0 MB; 16 MiB: +20.9 MB)
+#   (`python -m bench.backlog --budget-mib N`, 2026-12-04).
+PROCESS_BYTES = 45 * 2**20
+CACHE_RSS_PER_BYTE = 1.2
+HISTORY_RSS_PER_BYTE = 1.4
+
+
+def quantity_bytes(text: str) -> int:
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30}
+    return int(text[:-2]) * units[text[-2:]] if text[-2:] in units else int(text)
+
+
+def needed_bytes(config: dict[str, Any]) -> float:
+    from watchproxy.config import build_config
+
+    hub = build_config(config, file_name="shipped config").hub
+    assert hub.cache_max_bytes > 0 and hub.history_max_bytes > 0, "an unbounded budget"
+    return (
+        PROCESS_BYTES
+        + CACHE_RSS_PER_BYTE * hub.cache_max_bytes
+        + HISTORY_RSS_PER_BYTE * hub.history_max_bytes
+    )
+
+
+@needs_kubectl
+@pytest.mark.parametrize("name", WORKLOAD_OVERLAYS)
+def test_the_memory_limit_holds_the_budgets_and_the_process(name: str) -> None:
+    objects = overlay(name)
+    limit = watchproxy_container(pod_spec(objects))["resources"]["limits"]["memory"]
+    assert quantity_bytes(limit) >= needed_bytes(watchproxy_config(objects)), name
+
+
+def test_the_charts_memory_limit_holds_the_budgets_and_the_process() -> None:
+    values = load_yaml(REPO / "deploy" / "helm" / "watchproxy" / "values.yaml")
+    limit = values["resources"]["limits"]["memory"]
+    assert quantity_bytes(limit) >= needed_bytes(values["config"])

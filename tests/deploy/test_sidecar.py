@@ -203,7 +203,9 @@ def test_every_app_container_reads_the_proxy_kubeconfig(tool: str, kind: str) ->
         env = {e["name"]: e for e in container["env"]}
         assert env["KUBECONFIG"] == {"name": "KUBECONFIG", "value": inject.KUBECONFIG_PATH}
         path = env["KUBECONFIG"]["value"]
-        assert file_in_pod(objects, namespace, spec, container, path) == render_kubeconfig(server)
+        # inject knows the namespace and names it; kustomize cannot write inside the file.
+        expected = render_kubeconfig(server, namespace=namespace if tool == "inject" else None)
+        assert file_in_pod(objects, namespace, spec, container, path) == expected
         # What the app had stays (only its KUBECONFIG is replaced).
         before = by_name(original["containers"], container["name"])
         for item in before.get("env", []):
@@ -299,7 +301,11 @@ def test_component_and_inject_give_the_same_configmaps() -> None:
     component, injected = component_output(), inject_output()
     for name in (inject.CONFIG_MAP, inject.KUBECONFIG_MAP):
         actual = generated_name(component, "shop", name)
-        assert configmap_data(component, "shop", actual) == configmap_data(injected, "shop", name)
+        data = configmap_data(injected, "shop", name)
+        if name == inject.KUBECONFIG_MAP:  # the one difference: inject names the namespace
+            assert data == {inject.KUBECONFIG_KEY: render_kubeconfig(namespace="shop")}
+            data = {inject.KUBECONFIG_KEY: render_kubeconfig()}
+        assert configmap_data(component, "shop", actual) == data
 
 
 def test_cronjob_patch_carries_the_same_pod_template() -> None:
@@ -334,7 +340,11 @@ def test_inject_reads_stdin_and_is_idempotent() -> None:
     twice = run_inject("-f", "-", stdin=once.stdout)
     assert twice.returncode == 0, twice.stderr
     assert twice.stdout == once.stdout
-    assert once.stderr == ""
+    # The sample's app has a KUBECONFIG of its own: replaced once, with a warning, then kept.
+    (warning,) = once.stderr.splitlines()
+    assert warning.startswith("watchproxy inject: warning: Deployment "), warning
+    assert "its KUBECONFIG (/home/web/.kube/config) is replaced by watchproxy's" in warning
+    assert twice.stderr == ""
 
 
 def test_inject_reads_json_and_honours_image(tmp_path: Path) -> None:

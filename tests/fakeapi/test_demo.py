@@ -7,14 +7,13 @@ import re
 import signal
 import sys
 import time
-from pathlib import Path
 
 import aiohttp
 import pytest
 
 from kubefake.outages import Outage, check_schedule, parse_duration, parse_outage
 
-DEMO = str(Path(sys.executable).parent / "watchproxy-demo")
+DEMO = [sys.executable, "-m", "kubefake.demo"]  # what scripts/demo.sh runs
 
 
 @pytest.mark.parametrize(
@@ -58,7 +57,7 @@ def test_schedule_is_sorted_and_refuses_overlaps() -> None:
 def test_bad_outage_flags_are_one_line(args: list[str], expected: str) -> None:
     import subprocess
 
-    result = subprocess.run([DEMO, *args], capture_output=True, text=True, timeout=30)
+    result = subprocess.run([*DEMO, *args], capture_output=True, text=True, timeout=30)
     assert result.returncode == 2
     (line,) = result.stderr.splitlines()
     assert line.startswith(f"watchproxy-demo: {expected}"), line
@@ -66,7 +65,7 @@ def test_bad_outage_flags_are_one_line(args: list[str], expected: str) -> None:
 
 async def test_demo_outage_is_announced_and_seen_in_the_metrics() -> None:
     process = await asyncio.create_subprocess_exec(
-        DEMO, "--listen-port", "0", "--admin-host", "127.0.0.1", "--admin-port", "0",
+        *DEMO, "--listen-port", "0", "--admin-host", "127.0.0.1", "--admin-port", "0",
         "--log-level", "warning", "--rate", "5", "--outage", "2s@1s",
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.DEVNULL,

@@ -204,7 +204,8 @@ def test_other_watchproxy_variables_are_refused(name: str, message: str) -> None
 
 
 def test_cli_starts_config_check_with_service_links(tmp_path: object) -> None:
-    result = _run_cli_env({**ALL_SERVICE_LINKS}, "check-config")
+    env = {**ALL_SERVICE_LINKS, "KUBECONFIG": _kubeconfig(tmp_path)}
+    result = _run_cli_env(env, "check-config")
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
     (line,) = result.stdout.splitlines()
@@ -230,14 +231,60 @@ def test_check_config_checks_flags_and_file(tmp_path: object) -> None:
     path = f"{tmp_path}/c.yaml"
     with open(path, "w", encoding="utf-8") as handle:
         handle.write("hub:\n  linger_seconds: 3\n")
-    good = _run_cli_env({}, "check-config", "--config", path, "--set", "hub.enabled=false")
+    kubeconfig = {"KUBECONFIG": _kubeconfig(tmp_path)}
+    good = _run_cli_env(kubeconfig, "check-config", "--config", path, "--set", "hub.enabled=false")
     assert good.returncode == 0, good.stderr
     assert good.stdout.strip() == f"watchproxy: config ok ({path}, 1 flag setting)"
-    bad = _run_cli_env({}, "check-config", "--config", path, "--listen-port", "99999")
+    bad = _run_cli_env(kubeconfig, "check-config", "--config", path, "--listen-port", "99999")
     assert bad.returncode == 2
     assert bad.stderr.strip() == (
         f"watchproxy: {path}: listen.port: must be a port number 0-65535, got 99999"
     )
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (
+            ["--listen-port", "8005", "--admin-port", "8005"],
+            "watchproxy: config: admin.port: 8005 is also listen.port on an overlapping address; "
+            "the API and the admin endpoints need a port each",
+        ),
+        (
+            ["--kubeconfig", "/nonexistent/kubeconfig"],
+            "watchproxy: cannot read kubeconfig /nonexistent/kubeconfig: No such file or directory",
+        ),
+        (["--context", "elsewhere"], "watchproxy: kubeconfig {path}: no context named 'elsewhere'"),
+    ],
+)
+def test_check_config_refuses_what_run_refuses(
+    tmp_path: object, args: list[str], expected: str
+) -> None:
+    """check-config and run agree: each refusal is one line and exit 2 from both."""
+    path = _kubeconfig(tmp_path)
+    for command in ("check-config", "run"):
+        result = _run_cli_env({"KUBECONFIG": path}, command, *args)
+        assert (result.returncode, result.stdout) == (2, ""), (command, result.stderr)
+        assert result.stderr.strip() == expected.format(path=path), command
+
+
+def test_different_hosts_may_share_a_port_number(tmp_path: object) -> None:
+    env = {"KUBECONFIG": _kubeconfig(tmp_path)}
+    args = ["--listen-port", "8005", "--admin-port", "8005", "--admin-host", "127.0.0.2"]
+    result = _run_cli_env(env, "check-config", *args)
+    assert result.returncode == 0, result.stderr
+
+
+def _kubeconfig(tmp_path: object) -> str:
+    path = f"{tmp_path}/kubeconfig"
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(
+            "apiVersion: v1\nkind: Config\ncurrent-context: x\n"
+            "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n"
+            "users: [{name: u, user: {token: t}}]\n"
+            "contexts: [{name: x, context: {cluster: c, user: u}}]\n"
+        )
+    return path
 
 
 def _run_cli_env(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

@@ -180,3 +180,64 @@ def test_text_round_trip_is_stable() -> None:
     text = inject.dump_manifests(inject.inject_documents(docs))
     assert "config.yaml: |" in text, "multi-line strings in block style"
     assert inject.dump_manifests(inject.inject_documents(inject.parse_manifests(text))) == text
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        (
+            {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {}},
+            "Pod p: a bare Pod is not injected; put it in a Deployment, Job or another workload",
+        ),
+        (
+            deployment({"hostNetwork": True, "containers": [container("app")]}),
+            "spec.hostNetwork is true: watchproxy's API port would be open to the whole node",
+        ),
+        (
+            deployment({"containers": [container("app", ports=[{"containerPort": 8001}])]}),
+            "containers[0] (app) uses port 8001, watchproxy's wp-api port",
+        ),
+        (
+            deployment(
+                {
+                    "initContainers": [container("metrics", ports=[{"containerPort": 8081}])],
+                    "containers": [container("app")],
+                }
+            ),
+            "initContainers[0] (metrics) uses port 8081, watchproxy's wp-admin port",
+        ),
+    ],
+)
+def test_pods_whose_network_or_kind_cannot_take_the_sidecar_are_refused(
+    doc: Any, message: str
+) -> None:
+    with pytest.raises(inject.InjectError) as caught:
+        inject.inject_documents([doc])
+    assert message in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_replaced_kubeconfig_and_an_unknown_namespace_are_warned_about_once() -> None:
+    own = container("app", env=[{"name": "KUBECONFIG", "value": "/own/kubeconfig"}])
+    warnings: list[str] = []
+    once = inject.inject_documents([deployment({"containers": [own]})], warn=warnings.append)
+    no_namespace = (
+        "a workload without metadata.namespace: its kubeconfig names no namespace, so clients "
+        "in it use 'default' (set metadata.namespace to the one it runs in)"
+    )
+    assert warnings == [
+        "Deployment web: spec.template.spec.containers[0] (app): its KUBECONFIG "
+        "(/own/kubeconfig) is replaced by watchproxy's (/var/run/watchproxy/kubeconfig)",
+        no_namespace,
+    ]
+    warnings.clear()
+    inject.inject_documents([once[-1]], warn=warnings.append)  # its KUBECONFIG is ours now
+    assert warnings == [no_namespace]
+
+
+def test_the_kubeconfig_names_the_workloads_namespace() -> None:
+    result = inject.inject_documents([deployment({"containers": [container("app")]}, "shop")])
+    kubeconfig = next(o for o in result if o["metadata"]["name"] == inject.KUBECONFIG_MAP)
+    text = kubeconfig["data"][inject.KUBECONFIG_KEY]
+    assert kubeconfig["metadata"]["namespace"] == "shop"
+    assert "namespace: shop" in text

@@ -76,6 +76,12 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def _overlap(host_a: str, host_b: str) -> bool:
+    """Whether two listen addresses can collide on one port (a wildcard meets every address)."""
+    wildcards = {"", "0.0.0.0", "::", "[::]"}
+    return host_a == host_b or host_a in wildcards or host_b in wildcards
+
+
 def _check(config: Config, where: str) -> None:
     """Cross-field rules, each reported against the key that breaks it."""
     positive = {
@@ -85,6 +91,13 @@ def _check(config: Config, where: str) -> None:
     for key, port in positive.items():
         if not 0 <= port <= 65535:
             raise ConfigError(f"{where}: {key}: must be a port number 0-65535, got {port}")
+    if config.listen.port == config.admin.port != 0 and _overlap(
+        config.listen.host, config.admin.host
+    ):
+        raise ConfigError(
+            f"{where}: admin.port: {config.admin.port} is also listen.port on an overlapping "
+            "address; the API and the admin endpoints need a port each"
+        )
     if not config.listen.allow_non_loopback and not _is_loopback(config.listen.host):
         raise ConfigError(
             f"{where}: listen.host: {config.listen.host!r} is not a loopback address; "

@@ -49,6 +49,11 @@ admin:
   port: 8081
 upstream:
   mode: in-cluster
+hub:
+  # Sized to the container's 256Mi memory limit: 43 MiB of process, 1.2 bytes of RSS per byte
+  # of cached JSON and 1.4 per byte of history leave 40 MiB spare (tests/deploy/test_deploy.py).
+  cache_max_bytes: 100663296  # 96 MiB
+  history_max_bytes: 33554432  # 32 MiB
 security:
   identity: serviceaccount
 logging:
@@ -159,6 +164,8 @@ def config_maps(namespace: str | None) -> list[dict[str, Any]]:
             "apiVersion": "v1",
             "kind": "ConfigMap",
             "metadata": {"name": KUBECONFIG_MAP, **metadata},
-            "data": {KUBECONFIG_KEY: render_kubeconfig()},
+            # The pod's own namespace as the context's, as in-cluster clients default to it;
+            # without one, kubeconfig clients would use "default".
+            "data": {KUBECONFIG_KEY: render_kubeconfig(namespace=namespace)},
         },
     ]

@@ -7,12 +7,15 @@ Every change is an upsert keyed by name, so injecting twice gives what injecting
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from watchproxy.inject.manifests import InjectError
 from watchproxy.inject.sidecar import (
+    ADMIN_PORT,
+    API_PORT,
     DEFAULT_IMAGE,
+    KUBECONFIG_PATH,
     POD_LABEL,
     SIDECAR,
     app_env,
@@ -58,11 +61,48 @@ def _list(owner: dict[str, Any], field: str, where: str) -> list[Any]:
     return value
 
 
-def inject_pod_spec(spec: dict[str, Any], image: str = DEFAULT_IMAGE, where: str = "spec") -> None:
-    """Add the sidecar to a pod spec, in place."""
+Warn = Callable[[str], None]
+
+
+def _ignore(_: str) -> None:
+    pass
+
+
+def _check_pod_network(spec: dict[str, Any], where: str) -> None:
+    """Refuse a pod whose network would break the sidecar's promise of a private API port."""
+    if spec.get("hostNetwork") is True:
+        # 127.0.0.1 would be the node's loopback: every process on the node could use the
+        # pod's ServiceAccount through the API port, and two such pods on a node collide.
+        raise InjectError(
+            f"{where}.hostNetwork is true: watchproxy's API port would be open to the whole "
+            "node (use the node-local mode, docs/deploying.md)"
+        )
+    ours = {API_PORT[1]: API_PORT[0], ADMIN_PORT[1]: ADMIN_PORT[0]}
+    for kind in ("initContainers", "containers"):
+        for index, container in enumerate(_list(spec, kind, where)):
+            if not isinstance(container, dict) or container.get("name") == SIDECAR:
+                continue
+            for port in _list(container, "ports", f"{where}.{kind}[{index}]"):
+                number = port.get("containerPort") if isinstance(port, dict) else None
+                if number in ours:
+                    raise InjectError(
+                        f"{where}.{kind}[{index}] ({container.get('name')}) uses port {number}, "
+                        f"watchproxy's {ours[number]} port; containers of a pod share one network"
+                    )
+
+
+def inject_pod_spec(
+    spec: dict[str, Any],
+    image: str = DEFAULT_IMAGE,
+    where: str = "spec",
+    warn: Warn = _ignore,
+) -> None:
+    """Add the sidecar to a pod spec, in place. ``warn`` gets one line per change the user may
+    not expect (a KUBECONFIG of the app's own replaced)."""
     containers = _list(spec, "containers", where)
     if not containers:
         raise InjectError(f"{where}.containers is missing or empty")
+    _check_pod_network(spec, where)
     spec["automountServiceAccountToken"] = False
     init = [
         c
@@ -79,7 +119,16 @@ def inject_pod_spec(spec: dict[str, Any], image: str = DEFAULT_IMAGE, where: str
         if not isinstance(container, dict):
             raise InjectError(f"{where}.containers[{index}] must be a mapping")
         here = f"{where}.containers[{index}]"
-        container["env"] = _upsert(_list(container, "env", here), app_env())
+        env = _list(container, "env", here)
+        for item in env:
+            own = isinstance(item, dict) and item.get("name") == "KUBECONFIG"
+            if own and item.get("value") != KUBECONFIG_PATH:
+                shown = item.get("value", "valueFrom")
+                warn(
+                    f"{here} ({container.get('name')}): its KUBECONFIG ({shown}) is replaced "
+                    f"by watchproxy's ({KUBECONFIG_PATH})"
+                )
+        container["env"] = _upsert(env, app_env())
         container["volumeMounts"] = _upsert(_list(container, "volumeMounts", here), app_mount())
 
 
@@ -108,10 +157,19 @@ def pod_template_path(doc: dict[str, Any]) -> tuple[str, ...] | None:
     return POD_TEMPLATES.get((group, kind))
 
 
-def inject_workload(doc: dict[str, Any], image: str = DEFAULT_IMAGE) -> dict[str, Any]:
-    """A copy of ``doc`` with the sidecar added; other kinds come back as they are."""
+def inject_workload(
+    doc: dict[str, Any], image: str = DEFAULT_IMAGE, warn: Warn = _ignore
+) -> dict[str, Any]:
+    """A copy of ``doc`` with the sidecar added; other kinds come back as they are, except a
+    bare Pod, which is refused: it cannot be changed once created, and the kustomize component
+    does not touch one either."""
     path = pod_template_path(doc)
     if path is None:
+        if doc.get("kind") == "Pod" and doc.get("apiVersion") == "v1":
+            raise InjectError(
+                f"{_describe(doc)}: a bare Pod is not injected; put it in a Deployment, Job or "
+                "another workload with a pod template"
+            )
         return doc
     result = copy.deepcopy(doc)
     where = _describe(doc)
@@ -125,7 +183,7 @@ def inject_workload(doc: dict[str, Any], image: str = DEFAULT_IMAGE) -> dict[str
     spec = template.get("spec")
     if not isinstance(spec, dict):
         raise InjectError(f"{where}: {'.'.join(path)}.spec is missing")
-    inject_pod_spec(spec, image, where=f"{where}: {'.'.join(path)}.spec")
+    inject_pod_spec(spec, image, where=f"{where}: {'.'.join(path)}.spec", warn=warn)
     return result
 
 
@@ -158,7 +216,9 @@ def _objects(docs: Iterable[dict[str, Any]]) -> Iterable[dict[str, Any]]:
             yield doc
 
 
-def inject_documents(docs: Sequence[Any], image: str = DEFAULT_IMAGE) -> list[dict[str, Any]]:
+def inject_documents(
+    docs: Sequence[Any], image: str = DEFAULT_IMAGE, warn: Warn = _ignore
+) -> list[dict[str, Any]]:
     """Inject every workload in ``docs``; other objects pass through unchanged.
 
     The two ConfigMaps are added in front, once per namespace that holds an injected workload,
@@ -180,15 +240,20 @@ def inject_documents(docs: Sequence[Any], image: str = DEFAULT_IMAGE) -> list[di
                 _check_object(item, f"item {n} of the List")
                 for n, item in enumerate(doc["items"], start=1)
             ]
-            injected = [inject_workload(item, image) for item in items]
+            injected = [inject_workload(item, image, warn) for item in items]
             result.append({**doc, "items": injected})
             touched = [i for i in items if pod_template_path(i) is not None]
         else:
-            result.append(inject_workload(doc, image))
+            result.append(inject_workload(doc, image, warn))
             touched = [doc] if pod_template_path(doc) is not None else []
         for workload in touched:
             if _namespace(workload) not in namespaces:
                 namespaces.append(_namespace(workload))
+    if None in namespaces:
+        warn(
+            "a workload without metadata.namespace: its kubeconfig names no namespace, so "
+            "clients in it use 'default' (set metadata.namespace to the one it runs in)"
+        )
     present = {(_namespace(o), _name(o)) for o in _objects(checked) if o.get("kind") == "ConfigMap"}
     added = [
         config_map

@@ -190,7 +190,6 @@ class Connectivity:
             ok = False
             self.last_error = f"probe error: {type(error).__name__}"
         if ok:
-            self._metrics.backoff_delay.set(0)
             self.report_ok()
         else:
             self.report_unreachable()
