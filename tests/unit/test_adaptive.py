@@ -140,3 +140,15 @@ def test_any_sequence_keeps_the_bounds(steps: list[tuple[Outcome, float, bool, f
         assert changed == (limit.limit != before)
         if outcome is Outcome.OK and limit.limit > before:
             assert binding and limit.limit == before + 1
+
+
+def test_after_a_refusal_growth_waits_below_its_ceiling_until_the_hold_passes() -> None:
+    limit = AdaptiveLimit(AdaptiveSettings(initial=10, probe_hold_seconds=5.0))
+    limit.record(0.0, Outcome.THROTTLED)
+    assert limit.limit == 5
+    for _ in range(1000):
+        limit.record(1.0, Outcome.OK, binding=True)
+    assert limit.limit == 9  # one short of the limit the refusal came at
+    for _ in range(100):
+        limit.record(5.5, Outcome.OK, binding=True)
+    assert limit.limit > 10  # the hold is over: it probes past the old ceiling

@@ -7,7 +7,8 @@ time out, and latency climbs before either. :class:`AdaptiveLimit` turns those s
 concurrency limit, in the manner of TCP congestion control and adaptive concurrency limiters:
 
 - while the limit binds (requests wait for it) and answers are healthy, it grows by one per
-  ``limit`` answers, about one per round trip (additive increase);
+  ``limit`` answers, about one per round trip (additive increase), but stops one short of the
+  limit the last refusal came at until ``probe_hold_seconds`` have passed;
 - a 429, a 5xx that means overload, a timeout or a broken connection cuts it (multiplicative
   decrease), at most once per cool-down so that one burst of refusals costs one cut, not fifty;
 - latency: per kind of request, a fast-moving average compared with a slow one; when the fast
@@ -76,7 +77,11 @@ class AdaptiveSettings:
     # After a cut, further distress within this many seconds (or two fast averages of the
     # latency, whichever is longer) does not cut again: the answers already on the way were
     # sent under the old limit.
-    cooldown_seconds: float = 0.25
+    cooldown_seconds: float = 0.02
+    # After a cut for refusals or overload, the limit it was cut from is a ceiling: growth stops
+    # one short of it for this long, then probes past it again (the apiserver may have
+    # recovered). Without it every climb back ends in one more refusal, one per sawtooth.
+    probe_hold_seconds: float = 5.0
     latency_tolerance: float = 2.0
     # Weights of one sample in the fast and the slow moving average.
     fast_weight: float = 0.2
@@ -135,6 +140,8 @@ class AdaptiveLimit:
         self.cuts: dict[LimitReason, int] = {reason: 0 for reason in _CUT_REASON.values()}
         self.cuts[LimitReason.LATENCY] = 0
         self._quiet_until = -math.inf
+        self._ceiling = math.inf
+        self._ceiling_until = -math.inf
         self._latency: dict[str, _Latency] = {}
 
     @property
@@ -160,13 +167,17 @@ class AdaptiveLimit:
             self._cut(now, _CUT_REASON[outcome])
         elif latency is not None and self._latency_says_distress(kind, latency) and binding:
             self._cut(now, LimitReason.LATENCY)
-        elif binding and self._limit < self.settings.maximum:
+        elif binding and self._limit < self.settings.maximum and not self._held(now):
             self._credit += 1
             if self._credit >= self._limit:
                 self._limit += 1
                 self._credit = 0
                 self.reason = LimitReason.GROWTH
         return self.limit != before
+
+    def _held(self, now: float) -> bool:
+        """Growth waits below the ceiling of the last refusal until its hold has passed."""
+        return self._limit + 1 >= self._ceiling and now < self._ceiling_until
 
     def _latency_says_distress(self, kind: str, latency: float) -> bool:
         stats = self._latency.get(kind)
@@ -184,6 +195,9 @@ class AdaptiveLimit:
             LimitReason.THROTTLED: s.throttled_factor,
             LimitReason.LATENCY: s.latency_factor,
         }.get(reason, s.overloaded_factor)
+        if reason is not LimitReason.LATENCY:
+            self._ceiling = self._limit
+            self._ceiling_until = now + s.probe_hold_seconds
         self._limit = max(s.minimum, int(self._limit * factor))
         self._credit = 0
         self.reason = reason
