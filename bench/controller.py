@@ -159,7 +159,7 @@ class Process:
         return cpu_seconds(self.popen.pid)
 
 
-def wait_http(url: str, what: str, timeout: float = 60.0) -> None:
+def wait_http(url: str, what: str, log: Path, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -169,7 +169,8 @@ def wait_http(url: str, what: str, timeout: float = 60.0) -> None:
         except OSError:
             pass
         if time.monotonic() > deadline:
-            raise SystemExit(f"{what} did not come up at {url}")
+            tail = log.read_text(errors="replace")[-2000:]
+            raise SystemExit(f"{what} did not come up at {url}; its log ends:\n{tail}")
         time.sleep(0.2)
 
 
@@ -192,8 +193,8 @@ def proxies(kubeconfig: str, workdir: Path) -> Iterator[dict[str, tuple[str, Pro
             stdin=subprocess.DEVNULL, stdout=kubectl_log, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:
-        wait_http(f"http://127.0.0.1:{admin}/readyz", "watchproxy")
-        wait_http(f"http://127.0.0.1:{kport}/version", "kubectl proxy")
+        wait_http(f"http://127.0.0.1:{admin}/readyz", "watchproxy", workdir / "watchproxy.log")
+        wait_http(f"http://127.0.0.1:{kport}/version", "kubectl proxy", workdir / "kubectl.log")
         yield {
             "watchproxy": (f"http://127.0.0.1:{port}", Process("watchproxy", watchproxy)),
             "kubectl": (f"http://127.0.0.1:{kport}", Process("kubectl proxy", kubectl)),
@@ -216,6 +217,7 @@ class Cell:
     p50_ms: float
     p99_ms: float
     errors: dict[str, int]
+    retried: int  # 429s the clients retried
     cpu: dict[str, float]  # process -> share of one core
     rejected: float = 0.0  # 429s the apiserver issued in this cell
 
@@ -251,7 +253,7 @@ def run_cell(
     )
     return Cell(
         mode, workers, result["per_second"], result["p50_ms"], result["p99_ms"],
-        result["errors"], cpu, rejected,
+        result["errors"], result["retried_429"], cpu, rejected,
     )  # fmt: skip
 
 
@@ -260,7 +262,7 @@ def report(cells: list[Cell], *, pushback: bool) -> None:
     for cell in cells:
         by.setdefault((cell.mode, cell.workers), []).append(cell)
     header = "mode        N   req/s   p50 ms  p99 ms  errors                 CPU (share of a core)"
-    print(header + ("  apiserver 429s" if pushback else ""))
+    print(header + ("  retried 429s / apiserver 429s" if pushback else ""))
     workers = sorted({c.workers for c in cells})
     for n in workers:
         medians: dict[str, tuple[float, float, float]] = {}
@@ -283,7 +285,7 @@ def report(cells: list[Cell], *, pushback: bool) -> None:
             line = f"{mode:<10} {n:>3} {rps:>7.0f} {p50:>8.2f} {p99:>7.2f}  "
             line += f"{json.dumps(errors):<22} {cpu}"
             if pushback:
-                line += f"  {sum(c.rejected for c in group):.0f}"
+                line += f"  {sum(c.retried for c in group)} / {sum(c.rejected for c in group):.0f}"
             print(line)
         if {"direct", "watchproxy", "kubectl"} <= medians.keys():
             d, w, k = medians["direct"], medians["watchproxy"], medians["kubectl"]
