@@ -53,7 +53,7 @@ class Faults:
         self._forbidden: set[str] = set()
         self._max_in_flight: int | None = None
         self._service_seconds = 0.0
-        self._in_flight = 0
+        self.in_flight = 0  # API requests under limit_in_flight being served
         self.capacity_refusals = 0
 
     # -- outages ---------------------------------------------------------------------------
@@ -130,16 +130,16 @@ class Faults:
         if limit is None or long_running:
             yield
             return
-        if self._in_flight >= limit:
+        if self.in_flight >= limit:
             self.capacity_refusals += 1
             raise _too_many(1.0)
-        self._in_flight += 1
+        self.in_flight += 1
         try:
             if self._service_seconds:
                 await asyncio.sleep(self._service_seconds)
             yield
         finally:
-            self._in_flight -= 1
+            self.in_flight -= 1
 
     def fail_next(self, n: int, status: int, retry_after: float | None = None) -> None:
         """The next ``n`` API requests get ``status`` and a Status body."""

@@ -45,6 +45,7 @@ type worker struct {
 	latencies []time.Duration
 	errors    map[string]int
 	retried   int // 429s answered and retried
+	userAgent string
 }
 
 func (w *worker) do(method, path, contentType string, body []byte) []byte {
@@ -59,7 +60,7 @@ func (w *worker) do(method, path, contentType string, body []byte) []byte {
 		req.Header.Set("Content-Type", contentType)
 	}
 	req.Header.Set("Accept", "application/json")
-	req.Header.Set("User-Agent", fmt.Sprintf("gocontroller/worker-%d", w.id))
+	req.Header.Set("User-Agent", w.userAgent)
 	started := time.Now()
 	var resp *http.Response
 	var data []byte
@@ -134,6 +135,7 @@ func main() {
 	ns := flag.String("namespace", "default", "namespace of the configmaps")
 	workers := flag.Int("workers", 8, "concurrent workers")
 	seconds := flag.Float64("seconds", 10, "how long to run")
+	userAgent := flag.String("user-agent", "", "one User-Agent for every worker (default: one each)")
 	flag.Parse()
 	token := ""
 	if *tokenFile != "" {
@@ -160,7 +162,11 @@ func main() {
 	all := make([]*worker, *workers)
 	var wg sync.WaitGroup
 	for i := range all {
-		all[i] = &worker{client: client, base: *base, token: token, id: i, errors: map[string]int{}}
+		all[i] = &worker{client: client, base: *base, token: token, id: i, errors: map[string]int{},
+			userAgent: *userAgent}
+		if *userAgent == "" {
+			all[i].userAgent = fmt.Sprintf("gocontroller/worker-%d", i)
+		}
 		wg.Add(1)
 		go func(w *worker) { defer wg.Done(); w.loop(*ns, until) }(all[i])
 	}

@@ -9,9 +9,10 @@ from typing import Any
 
 import aiohttp
 
+from bench.gobuild import go_binary
 from kubefake import FakeApiServer
 from tests.component.test_metrics import scrape
-from tests.harness import running_proxy
+from tests.harness import running_proxy, wait_for
 
 CONFIGMAPS = "/api/v1/namespaces/default/configmaps"
 # client-go's REST client retries a 429 up to 10 times. These workers are impatient ones (a
@@ -117,3 +118,54 @@ async def test_pushback_costs_the_apiserver_far_fewer_refusals_than_direct_clien
     assert set(recovered) == {"200"}, recovered
     assert after.value("watchproxy_upstream_concurrency_limit") > limit_after_cut + 4
     assert after.value("watchproxy_upstream_concurrency_limit_reason", reason="growth") == 1
+
+
+async def timed_gets(
+    session: aiohttp.ClientSession, url: str, count: int, user_agent: str
+) -> list[float]:
+    latencies = []
+    for _ in range(count):
+        started = asyncio.get_running_loop().time()
+        async with session.get(url, headers={"User-Agent": user_agent}) as response:
+            await response.read()
+            assert response.status == 200
+        latencies.append(asyncio.get_running_loop().time() - started)
+    return latencies
+
+
+def p99(latencies: list[float]) -> float:
+    return sorted(latencies)[int(len(latencies) * 0.99)]
+
+
+async def test_a_hot_loop_beside_a_calm_client_in_the_same_pod_gets_only_its_share(
+    tmp_path: Any,
+) -> None:
+    """Two programs of one pod (same address, their own User-Agents) while the limit binds:
+    four upstream requests at once, each taking the apiserver 10 ms. The hot one keeps 32
+    requests waiting; the calm one's p99 stays within twice what it is alone, because waiting
+    requests are served in turn between the two, not in arrival order."""
+    overrides = {
+        "ratelimit.adaptive_initial_limit": 4,
+        "ratelimit.adaptive_max_limit": 4,
+        "ratelimit.max_wait_seconds": 30,
+    }
+    async with running_proxy(tmp_path, overrides) as running:
+        running.fake.store.create("configmaps", "default", configmap("c"))
+        running.fake.faults.limit_in_flight(1000, service_seconds=0.01)
+        url = running.url + CONFIGMAPS + "/c"
+        connector = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            alone = await timed_gets(session, url, 60, "calm/1.0")
+            # The hot loop is another process, as another program of the pod would be: one
+            # User-Agent, 32 requests at once, as fast as it is answered.
+            hot = await asyncio.create_subprocess_exec(
+                str(go_binary("gocontroller")), "-url", running.url, "-workers", "32",
+                "-seconds", "8", "-user-agent", "hot/1.0", stdout=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+            try:
+                await wait_for(lambda: running.fake.faults.in_flight >= 4, what="hot load")
+                loaded = await timed_gets(session, url, 60, "calm/1.0")
+            finally:
+                hot.terminate()
+                await hot.wait()
+    assert p99(loaded) <= 2 * p99(alone), (p99(loaded), p99(alone))
