@@ -6,10 +6,14 @@ through unchanged), a :class:`Refusal` when the apiserver refused the key's list
 streams the client's answer from the key's shared state: synthetic ADDEDs or a replay from the
 history ring, then live events, all from one upstream watch per key.
 
-A resourceVersion older than the key's history is not refused here (issue 18): before the
+A resourceVersion older than the key's history is not refused here: the apiserver may still
+have that history, and a made-up 410 would send the client to relist for nothing. Before the
 key's first list, the shared watch starts its history at the oldest RV its clients ask for;
 after it, such a watch is passed through, and the apiserver answers it (its events, or its own
 410). The hub writes a 410 only for an RV that a relist made ambiguous (see ``watchcache``).
+
+A key the hub will not share (:class:`~watchproxy.hub.outcomes.NotShared`: the cache budget,
+an encoding the kind lacks) is a named reason, never an HTTP status: its clients pass through.
 """
 
 from __future__ import annotations
@@ -30,8 +34,9 @@ from watchproxy.errors import TooManyRequests, UpstreamTimeout, UpstreamUnavaila
 from watchproxy.hub.cachetypes import StartPlan
 from watchproxy.hub.historybudget import HistoryBudget
 from watchproxy.hub.listcover import Cover, find_cover
+from watchproxy.hub.outcomes import NotShared
 from watchproxy.hub.ports import UpstreamHealth, WatchSource, WatchStarter
-from watchproxy.hub.sharedwatch import SharedWatch, UpstreamRefused
+from watchproxy.hub.sharedwatch import KeyNotShared, SharedWatch, UpstreamRefused
 from watchproxy.hub.subscriber import Subscriber, SubscriberOptions
 from watchproxy.hub.watchkey import Unservable, WatchKey, identity_of, watch_key
 from watchproxy.kube.apipath import ApiPath
@@ -99,11 +104,10 @@ class Hub:
         self.rng = rng or random.Random()
         self.clock = clock
         self.watches: dict[WatchKey, SharedWatch] = {}
-        # (resource, representation) pairs the apiserver cannot encode (406 to the hub's
-        # LIST): passed through from then on, without another LIST each time.
+        # (resource, representation) pairs the apiserver cannot encode (NotShared.UNENCODABLE):
+        # passed through from then on, without another LIST each time.
         self.unencodable: set[tuple[str, str]] = set()
         self._retired: set[asyncio.Task[None]] = set()
-        self._clients: set[asyncio.Task[Any]] = set()
         self.active_clients = 0
         metrics.shared_watches.set_function(lambda: len(self.watches))
         metrics.history_events.set_function(
@@ -227,6 +231,10 @@ class Hub:
         try:
             try:
                 await shared.wait_synced(INITIAL_SYNC_TIMEOUT)
+            except KeyNotShared as unshared:
+                self._not_shared(key, representation, unshared.reason)
+                self.metrics.passthrough_watches.labels(unshared.reason.value).inc()
+                return None
             except UpstreamRefused as refused:
                 if refused.of_list and refused.status == 403:
                     # RBAC refused the LIST; this client asked to WATCH, and the apiserver's
@@ -234,30 +242,10 @@ class Hub:
                     # A 401 or 404 reads the same for both verbs and is served from the key.
                     self.metrics.passthrough_watches.labels("list-refused").inc()
                     return None
-                if refused.of_list and refused.status == 507:
-                    # hub.cache_max_bytes: this key would not fit; its clients pass through
-                    # until a later client finds room (keys come and go).
-                    if key.resource_label not in self._over_budget_logged:
-                        self._over_budget_logged.add(key.resource_label)
-                        log.warning(
-                            "not sharing watches of %s: the cache is full "
-                            "(hub.cache_max_bytes=%d); they pass through to the apiserver",
-                            key.collection_path,
-                            self.config.cache_max_bytes,
-                        )
-                    self._over_budget[key] = self.clock() + OVER_BUDGET_RETRY_SECONDS
-                    self.metrics.passthrough_watches.labels("cache-budget").inc()
-                    return None
-                if refused.of_list and refused.status == 406:
-                    # No such encoding for this kind (protobuf for a custom resource): the
-                    # client's own Accept may allow another, which the apiserver picks.
-                    self.unencodable.add((key.resource_label, representation.identity))
-                    self.metrics.passthrough_watches.labels("representation").inc()
-                    return None
                 return Refusal(refused.status, refused.body, refused.content_type)
             plan = await self._plan(shared, query)
             if plan.outside_window:
-                # Older than this key's history: only the apiserver knows (issue 18).
+                # Older than this key's history: only the apiserver knows.
                 self.metrics.passthrough_watches.labels("outside-window").inc()
                 return None
             try:
@@ -291,6 +279,25 @@ class Hub:
             gauge.dec()
             self.active_clients -= 1
             shared.detach()
+
+    def _not_shared(self, key: WatchKey, representation: Representation, why: NotShared) -> None:
+        """Remember a key the hub cannot share, so that its next watches pass through at once."""
+        if why is NotShared.UNENCODABLE:
+            # No such encoding for this kind (protobuf for a custom resource): the client's
+            # own Accept may allow another, which the apiserver picks.
+            self.unencodable.add((key.resource_label, representation.identity))
+            return
+        # hub.cache_max_bytes: this key would not fit; its clients pass through until a later
+        # client finds room (keys come and go).
+        if key.resource_label not in self._over_budget_logged:
+            self._over_budget_logged.add(key.resource_label)
+            log.warning(
+                "not sharing watches of %s: the cache is full "
+                "(hub.cache_max_bytes=%d); they pass through to the apiserver",
+                key.collection_path,
+                self.config.cache_max_bytes,
+            )
+        self._over_budget[key] = self.clock() + OVER_BUDGET_RETRY_SECONDS
 
     def serve_list(
         self, api_path: ApiPath, query: WatchQuery, headers: Headers
