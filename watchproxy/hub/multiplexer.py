@@ -19,7 +19,6 @@ an encoding the kind lacks) is a named reason, never an HTTP status: its clients
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import time
@@ -72,12 +71,6 @@ class Refusal:
 STREAMED = "streamed"  # Hub.serve wrote the client's whole watch stream
 
 
-def metric_label(key: WatchKey) -> str:
-    """A shared watch's key as one label value: its path and whatever else sets it apart."""
-    parts = [key.collection_path, key.label_selector, key.field_selector, key.representation]
-    return " ".join(part for part in parts if part)
-
-
 class Hub:
     """Owns every SharedWatch; each is started on first use and stopped after its linger."""
 
@@ -118,6 +111,8 @@ class Hub:
         metrics.cache_bytes.set_function(self.cache_bytes)
         metrics.cache_budget_bytes.set(hub_config.cache_max_bytes)
         self._over_budget_logged: set[str] = set()
+        # Resources whose watchproxy_history_bytes series exists (it stays, at 0 when idle).
+        self._history_resources: set[str] = set()
         # Keys that did not fit, until when their watches pass through without another try.
         self._over_budget: dict[WatchKey, float] = {}
 
@@ -141,15 +136,23 @@ class Hub:
             budget=self.history_budget,
             cache_admits=self._cache_admits,
         )
-        cache = shared.cache
-        self.metrics.history_bytes.labels(key=metric_label(key)).set_function(
-            lambda: cache.history_bytes
-        )
+        resource = key.resource_label
+        if resource not in self._history_resources:
+            self._history_resources.add(resource)
+            self.metrics.history_bytes.labels(resource).set_function(
+                lambda: self.history_bytes_of(resource)
+            )
         shared.on_idle = self._retire
         self.watches[key] = shared
         shared.start()
         log.info("new shared watch %s %s", key.collection_path, key.describe())
         return shared
+
+    def history_bytes_of(self, resource: str) -> int:
+        """Bytes of history the shared watches of ``resource`` hold together."""
+        return sum(
+            w.cache.history_bytes for w in self.watches.values() if w.key.resource_label == resource
+        )
 
     def cache_bytes(self) -> int:
         """Bytes of cached objects across every shared watch."""
@@ -163,7 +166,6 @@ class Hub:
         """Called from the shared watch's own tasks: close it from a task the hub owns."""
         if self.watches.get(shared.key) is shared:
             del self.watches[shared.key]
-            self._forget_metrics(shared.key)
         task = asyncio.create_task(self._close_one(shared), name="watchproxy-retire")
         self._retired.add(task)
         task.add_done_callback(self._retired.discard)
@@ -361,16 +363,10 @@ class Hub:
     async def close(self) -> None:
         """End every shared watch; their subscribers finish their streams cleanly."""
         watches = list(self.watches.values())
-        for key in self.watches:
-            self._forget_metrics(key)
         self.watches.clear()
         # Concurrently, and every one to the end: _close_one reports a failure with its key
         # instead of raising, so one broken watch cannot leave the others' tasks unawaited.
         await asyncio.gather(*(self._close_one(w) for w in watches), *self._retired)
-
-    def _forget_metrics(self, key: WatchKey) -> None:
-        with contextlib.suppress(KeyError):
-            self.metrics.history_bytes.remove(metric_label(key))
 
     @staticmethod
     async def _close_one(shared: SharedWatch) -> None:
