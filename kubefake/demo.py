@@ -23,7 +23,6 @@ from watchproxy.cli import (
     wait_for_signal,
 )
 from watchproxy.config import Config, ConfigError
-from watchproxy.kube.credentials import from_kubeconfig
 from watchproxy.logs import setup_logging
 
 from .faults import OUTAGE_MODES
@@ -38,7 +37,7 @@ async def run_demo(
     outages: Sequence[Outage] = (),
     outage_mode: str = "refuse",
 ) -> None:
-    from watchproxy.app import Proxy
+    from watchproxy.app import Proxy, from_kubeconfig
     from watchproxy.kube.kubeconfig import render_kubeconfig
 
     from .churn import Churner
