@@ -14,9 +14,8 @@ import cProfile
 import time
 
 from bench.roles import emit, install_uvloop, serve_commands
-from watchproxy.app import Proxy
+from watchproxy.app import Proxy, from_kubeconfig
 from watchproxy.config import build_config
-from watchproxy.kube.credentials import from_kubeconfig
 from watchproxy.logs import setup_logging
 
 

@@ -27,7 +27,6 @@ from watchproxy.cli import (
     stop_event,
 )
 from watchproxy.config import Config, ConfigError, build_config, load_file
-from watchproxy.kube.credentials import from_kubeconfig
 from watchproxy.logs import setup_logging
 
 from .faults import OUTAGE_MODES
@@ -56,7 +55,7 @@ async def _serve(
     outages: Sequence[Outage],
     mode: str,
 ) -> None:
-    from watchproxy.app import Proxy
+    from watchproxy.app import Proxy, from_kubeconfig
     from watchproxy.kube.kubeconfig import render_kubeconfig
 
     from .churn import Churner

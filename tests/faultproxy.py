@@ -34,8 +34,8 @@ import yaml
 from kubefake import FakeApiServer
 from tests.harness import Running, make_config, wait_for
 from watchproxy.app import Proxy
-from watchproxy.kube.credentials import from_kubeconfig
 from watchproxy.kube.kubeconfig import render_kubeconfig
+from watchproxy.upstream.credentials import from_kubeconfig
 
 MODES = ("pass", "reset", "blackhole")
 

@@ -19,8 +19,8 @@ import pytest
 from kubefake import FakeApiServer
 from watchproxy.app import Proxy
 from watchproxy.config import Config, build_config
-from watchproxy.kube.credentials import from_kubeconfig
 from watchproxy.kube.kubeconfig import render_kubeconfig
+from watchproxy.upstream.credentials import from_kubeconfig
 
 KUBECTL = "kubectl"
 

@@ -15,7 +15,6 @@ from aiohttp import web
 
 from watchproxy.config import Config
 from watchproxy.hub.multiplexer import Hub
-from watchproxy.kube.credentials import UpstreamTarget
 from watchproxy.metrics import Metrics
 from watchproxy.policy.access import AccessPolicy
 from watchproxy.policy.adaptive import AdaptiveLimit, AdaptiveSettings
@@ -33,7 +32,12 @@ from watchproxy.server.watchsink import HubEndpoint
 from watchproxy.upstream.client import Upstream
 from watchproxy.upstream.connectivity import Connectivity
 from watchproxy.upstream.connector import reports_reused_descriptor
+from watchproxy.upstream.credentials import UpstreamTarget, from_kubeconfig
 from watchproxy.upstream.watchsource import UpstreamWatchSource
+
+# The embedding API: a Proxy, and the upstream target it is built with (bench/ and the demo
+# embed the proxy through these and nothing else).
+__all__ = ["Proxy", "UpstreamTarget", "from_kubeconfig"]
 
 log = logging.getLogger("watchproxy")
 

@@ -18,8 +18,8 @@ from typing import NoReturn
 from watchproxy import __version__
 from watchproxy.allocator import fix_mmap_threshold
 from watchproxy.config import Config, ConfigError, build_config, load_file, read_env
-from watchproxy.kube.credentials import CredentialsError, UpstreamTarget, resolve_target
 from watchproxy.logs import setup_logging
+from watchproxy.upstream.credentials import CredentialsError, UpstreamTarget, resolve_target
 
 # Flags with a config key of their own; anything else goes through --set section.key=value.
 FLAG_KEYS = {

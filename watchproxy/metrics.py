@@ -243,15 +243,17 @@ class Metrics:
             Gauge, "watchproxy_watch_history_events",
             "Events held in the history rings of all shared watches.",
         )  # fmt: skip
-        # The hub feeds these three (set_function or set); see their attributes' comments.
-        # history_bytes: per shared watch, the encoded bytes its history ring holds; label
-        # ``key`` is the watch key as /debug/watches shows it; remove the child when the
-        # shared watch ends.
+        # The hub feeds these (set_function or set); see their attributes' comments.
+        # history_bytes: the encoded bytes the history rings of a resource's shared watches
+        # hold together. By resource, not by watch key: every selector and representation is
+        # a key of its own, and a label per key would grow without bound; /debug/watches has
+        # each key's history bytes.
         self.history_bytes = add(
             Gauge,
             "watchproxy_history_bytes",
-            "Bytes of encoded events held in the history ring of each shared watch, by key.",
-            ["key"],
+            "Bytes of encoded events held in the history rings of the shared watches of each "
+            "resource.",
+            ["resource"],
         )
         # history_budget_bytes: the configured cap on the sum of history_bytes (0: none).
         self.history_budget_bytes = add(
@@ -268,13 +270,6 @@ class Metrics:
             Gauge,
             "watchproxy_cache_budget_bytes",
             "Upper bound on watchproxy_cache_bytes when a new key is listed (0 means no bound).",
-        )
-        # subscriber_lag_events: queued, not yet written events of the client watch that is
-        # furthest behind, across all shared watches (0 when every subscriber is caught up).
-        self.subscriber_lag = add(
-            Gauge,
-            "watchproxy_subscriber_lag_events",
-            "Events queued but not yet written to the client watch furthest behind.",
         )
         self.replays = add(
             Counter,

@@ -15,7 +15,7 @@ import yaml
 from kubefake import FakeApiServer
 from tests.harness import make_config, wait_for
 from watchproxy.app import Proxy
-from watchproxy.kube.credentials import (
+from watchproxy.upstream.credentials import (
     CredentialsError,
     TokenSource,
     from_kubeconfig,

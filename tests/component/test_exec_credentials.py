@@ -27,8 +27,8 @@ from aiohttp import web
 from kubefake import FakeApiServer
 from tests.harness import make_config, wait_for
 from watchproxy.app import Proxy
-from watchproxy.kube.credentials import CredentialsError, from_kubeconfig
-from watchproxy.kube.execplugin import ExecCredentialSource, parse_exec_spec
+from watchproxy.upstream.credentials import CredentialsError, from_kubeconfig
+from watchproxy.upstream.execplugin import ExecCredentialSource, parse_exec_spec
 
 PLUGIN = str(Path(__file__).resolve().parents[1] / "plugins" / "fake_exec_plugin.py")
 PODS = "/api/v1/namespaces/default/pods"

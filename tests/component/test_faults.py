@@ -25,7 +25,7 @@ import yaml
 from kubefake import FakeApiServer
 from tests.harness import Running, make_config, running_proxy, wait_for
 from watchproxy.app import Proxy
-from watchproxy.kube.credentials import from_kubeconfig
+from watchproxy.upstream.credentials import from_kubeconfig
 
 PODS = "/api/v1/namespaces/default/pods"
 FAST_BACKOFF = {

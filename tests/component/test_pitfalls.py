@@ -16,7 +16,7 @@ import pytest
 
 from tests.harness import make_config, read_watch, running_proxy, rv_of, wait_for
 from watchproxy.app import Proxy
-from watchproxy.kube.credentials import from_kubeconfig
+from watchproxy.upstream.credentials import from_kubeconfig
 
 PODS = "/api/v1/namespaces/default/pods"
 CONFIGMAPS = "/api/v1/namespaces/default/configmaps"

@@ -39,8 +39,6 @@ UNIT_TESTS = Path(__file__).parent / "prometheus" / "alerts_test.yaml"
 # Metrics the dashboard or the alerts use before watchproxy exports them, under the name and
 # type the code is to give them: {"watchproxy_example_bytes": "gauge"}. Each one leaves this
 # list when watchproxy/metrics.py adds it (test_planned_metrics_are_not_exported_yet says when).
-# Empty since the metrics of issue 15 (build info, event-loop lag, history bytes and budget,
-# subscriber lag, upstream request duration) landed.
 PLANNED: dict[str, str] = {}
 
 # What a PodMonitor scrape adds to every series (the alerts group by these).

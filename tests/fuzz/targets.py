@@ -24,13 +24,13 @@ from multidict import MultiDict
 from watchproxy.config import AccessRule, ConfigError, build_config, load_file
 from watchproxy.errors import BadRequest, ProxyError
 from watchproxy.kube.apipath import parse_api_path
-from watchproxy.kube.credentials import CredentialsError, from_kubeconfig
 from watchproxy.kube.fieldselectors import escape_field_value, parse_field_selector
 from watchproxy.kube.selectors import parse_label_selector
 from watchproxy.kube.watchevent import WatchEventError, decode_watch_line
 from watchproxy.kube.watchquery import InvalidListOptions, parse_watch_query
 from watchproxy.policy.access import AccessPolicy
 from watchproxy.server.api import reads_list_options, verb_of
+from watchproxy.upstream.credentials import CredentialsError, from_kubeconfig
 
 METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "PROPFIND")
 # Kubernetes verbs, and the lower-cased method where a path names no resource (discovery).

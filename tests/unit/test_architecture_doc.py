@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from watchproxy.hub.machine import mermaid
+from watchproxy.hub.transitions import mermaid
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
 
@@ -15,5 +15,5 @@ def test_the_state_diagram_in_the_docs_is_the_machines_transition_table() -> Non
     assert blocks, "docs/architecture.md has no mermaid state diagram"
     assert blocks[0] == mermaid().rstrip("\n") + "\n", (
         "docs/architecture.md's diagram is stale: "
-        "regenerate it with `python -m watchproxy.hub.machine`"
+        "regenerate it with `python scripts/architecture_diagram.py`"
     )

@@ -9,14 +9,7 @@ from typing import Any
 
 import pytest
 
-from watchproxy.hub.machine import (
-    TRANSITIONS,
-    IllegalTransition,
-    MachineConfig,
-    Phase,
-    SharedWatchMachine,
-    mermaid,
-)
+from watchproxy.hub.machine import IllegalTransition, MachineConfig, SharedWatchMachine
 from watchproxy.hub.outcomes import (
     Bookmark,
     Broken,
@@ -27,6 +20,7 @@ from watchproxy.hub.outcomes import (
     Fail,
     Halt,
     Listed,
+    NotShared,
     Opened,
     OpenList,
     OpenWatch,
@@ -38,9 +32,11 @@ from watchproxy.hub.outcomes import (
     Start,
     Step,
     Stop,
+    Unshareable,
     UpstreamBack,
     WaitForUpstream,
 )
+from watchproxy.hub.transitions import TRANSITIONS, Phase, mermaid
 from watchproxy.hub.watchcache import WatchCache
 from watchproxy.kube.representation import JsonRepresentation
 from watchproxy.policy.backoff import Backoff, BackoffPolicy
@@ -73,7 +69,7 @@ class Rig:
             Backoff(policy, random.Random(1), self.clock),
             clock=self.clock,
             rng=random.Random(1),
-            config=MachineConfig(silence=SILENCE, watch_lifetime=(300, 600)),
+            config=MachineConfig(silence=SILENCE, watch_lifetime=(300, 600), recovery_window=1.0),
         )
         self.steps: list[Step] = []
 
@@ -135,6 +131,13 @@ CASES: list[tuple[str, tuple[Outcome, ...], Outcome, Phase, Check]] = [
         Phase.FAILED,
         is_(Fail),
     ),
+    (
+        "a first list the cache cannot hold fails",
+        START,
+        Unshareable(NotShared.CACHE_FULL),
+        Phase.FAILED,
+        is_(Fail, of_list=True),
+    ),
     ("first list broken backs off", START, Broken("reset"), Phase.BACKING_OFF, sleeps(0.8)),
     (
         "first list, upstream down",
@@ -173,6 +176,13 @@ CASES: list[tuple[str, tuple[Outcome, ...], Outcome, Phase, Check]] = [
     ),
     ("relist refused", RELISTING, Refused(500), Phase.BACKING_OFF, sleeps(0.8)),
     ("relist 429", RELISTING, Refused(429, retry_after=5), Phase.BACKING_OFF, sleeps(5)),
+    (
+        "a relist in an encoding the kind lacks backs off",
+        RELISTING,
+        Unshareable(NotShared.UNENCODABLE),
+        Phase.BACKING_OFF,
+        sleeps(0.8),
+    ),
     ("relist broken", RELISTING, Broken("reset"), Phase.BACKING_OFF, sleeps(0.8)),
     ("relist broken, down", RELISTING, Broken("x", down=True), Phase.WAITING, is_(WaitForUpstream)),
     ("retry the first list", LIST_BACKOFF, Elapsed(), Phase.LISTING, is_(OpenList, relist=False)),
@@ -230,22 +240,48 @@ def test_every_phase_stops_and_then_does_nothing(phase: Phase) -> None:
     assert rig.feed(Event("ADDED", pod("x", 99))).action == Halt()
 
 
+def taken(rig: Rig) -> set[int]:
+    return {index for index, count in enumerate(rig.machine.counters.moves) if count}
+
+
 def test_every_transition_of_the_table_is_exercised() -> None:
-    seen: set[tuple[str, str, str]] = set()
+    seen: set[int] = set()
     for _name, prefix, outcome, _phase, _check in CASES:
         rig = Rig()
         rig.feed(*prefix, outcome)
-        seen |= set(rig.machine.counters.moves)
+        seen |= taken(rig)
     for prefix in STOP_FROM.values():
         rig = Rig()
         rig.feed(*prefix, Stop())
-        seen |= set(rig.machine.counters.moves)
+        seen |= taken(rig)
     rig = Rig()  # the backfill refused by the apiserver
     rig.machine.want("7")
     rig.feed(*START, Listed([], "10"), Opened(), Expired(GONE))
-    seen |= set(rig.machine.counters.moves)
-    table = {(a.value, outcome, b.value) for a, outcome, b, _ in TRANSITIONS}
-    assert table - seen == set()
+    seen |= taken(rig)
+    assert [TRANSITIONS[i].label for i in set(range(len(TRANSITIONS))) - seen] == []
+
+
+def test_each_step_names_the_row_it_took() -> None:
+    rig = Rig()
+    for outcome in (*READING, Broken("reset"), Elapsed()):
+        before = rig.phase
+        step = rig.feed(outcome)
+        assert step.move is not None and step.move in TRANSITIONS
+        assert (step.move.source, step.move.outcome, step.move.target) == (
+            before,
+            type(outcome),
+            rig.phase,
+        )
+    assert [m.label for m in TRANSITIONS if m.logged and m.source is Phase.WATCHING] == [
+        "watching --Event--> backing-off",
+        "watching --Bookmark--> backing-off",
+        "watching --Silent--> watching",
+        "watching --Ended--> backing-off",
+        "watching --Expired--> relisting",
+        "watching --Refused--> backing-off",
+        "watching --Broken--> backing-off",
+        "watching --Broken--> waiting-for-upstream",
+    ]
 
 
 def test_a_move_the_table_does_not_list_is_refused() -> None:
@@ -293,9 +329,9 @@ def test_events_and_bookmarks_move_the_silence_deadline() -> None:
     rig = Rig()
     rig.feed(*OPEN)
     rig.clock.now += 100
-    assert rig.feed(Bookmark("15")) == Step(
-        ReadOn(1100 + SILENCE), True, "watching --Bookmark--> watching"
-    )
+    step = rig.feed(Bookmark("15"))
+    assert step.action == ReadOn(1100 + SILENCE) and step.publish
+    assert step.move is not None and step.move.label == "watching --Bookmark--> watching"
     rig.clock.now += 100
     step = rig.feed(Event("MODIFIED", pod("a", 16)))
     assert step.action == ReadOn(1200 + SILENCE) and step.publish
@@ -373,7 +409,8 @@ def test_mermaid_diagram_lists_every_phase_and_move() -> None:
     assert text.startswith("stateDiagram-v2\n")
     for phase in Phase:
         assert f'state "{phase.value}" as {phase.name.lower()}' in text
-    for a, outcome, b, _ in TRANSITIONS:
-        if outcome != "Stop":
+    for move in TRANSITIONS:
+        if move.outcome is not Stop:
+            a, b, outcome = move.source, move.target, move.outcome.__name__
             assert f"{a.name.lower()} --> {b.name.lower()}: {outcome}" in text
     assert "idle --> stopped: Stop" in text

@@ -21,8 +21,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from watchproxy.config import HubConfig
 from watchproxy.hub.cachetypes import StartPlan
-from watchproxy.hub.machine import MachineConfig, Phase, SharedWatchMachine
+from watchproxy.hub.machine import MachineConfig, SharedWatchMachine
 from watchproxy.hub.outcomes import (
     Bookmark,
     Broken,
@@ -43,6 +44,7 @@ from watchproxy.hub.outcomes import (
     UpstreamBack,
     WaitForUpstream,
 )
+from watchproxy.hub.transitions import Phase
 from watchproxy.hub.watchcache import WatchCache
 from watchproxy.kube.representation import JsonRepresentation
 from watchproxy.policy.backoff import Backoff, BackoffPolicy
@@ -82,7 +84,7 @@ class SharedWatchHistories(RuleBasedStateMachine):
             Backoff(policy, random.Random(0), self.clock),
             clock=self.clock,
             rng=random.Random(0),
-            config=MachineConfig(silence=120.0),
+            config=MachineConfig.of(HubConfig(upstream_silence_seconds=120.0), policy),
         )
         # the model apiserver
         self.rv = 100

@@ -337,26 +337,27 @@ def test_age_eviction_with_a_fake_clock() -> None:
     clock.now += 6
     cache.apply(ADDED, pod("b", 12))
     clock.now += 5  # a is 11 s old, b 5 s
-    assert cache.evict_expired() == 1
+    assert cache.history_len() == 2  # nothing came in: a quiet history is kept
+    assert cache.plan("10").next_seq == 0
+    cache.apply(ADDED, pod("c", 13))  # the next event takes what is too old with it
     assert cache.oldest_seq == 1 and cache.oldest_resumable_rv == 11
-    assert cache.evict_expired() == 0
     clock.now += 20
-    cache.apply(ADDED, pod("c", 13))  # apply evicts by age too
-    assert cache.oldest_seq == 2 and cache.history_len() == 1
-    assert cache.oldest_resumable_rv == 12
-    assert cache.plan("12").next_seq == 2 and cache.plan("11").outside_window
+    cache.apply(ADDED, pod("d", 14))
+    assert cache.oldest_seq == 3 and cache.history_len() == 1
+    assert cache.oldest_resumable_rv == 13
+    assert cache.plan("13").next_seq == 3 and cache.plan("12").outside_window
     assert cache.events_from(1) is None
 
 
-def test_idle_cache_stays_resumable_from_bookmarks() -> None:
+def test_a_history_that_aged_out_stays_resumable_from_its_bookmarks() -> None:
     clock = FakeClock()
     cache = make_cache(clock=clock, max_age=10)
     cache.replace([], "10")
     cache.apply(ADDED, pod("a", 11))
     cache.bookmark("50")
     clock.now += 100
-    cache.evict_expired()
-    assert cache.history_len() == 0 and cache.oldest_seq == cache.next_seq == 1
+    cache.apply(ADDED, pod("b", 51))  # a goes: 100 s old
+    assert cache.history_len() == 1 and cache.oldest_seq == 1
     assert cache.plan("11") == StartPlan(initial=[], next_seq=1, start_rv=11)
     assert cache.plan("30") == StartPlan(initial=[], next_seq=1, start_rv=30)
     assert cache.plan("10").outside_window
@@ -368,12 +369,11 @@ def test_a_relist_group_ages_out_like_any_event_and_its_rv_stays_resumable() -> 
     cache.replace([pod("a", 5), pod("b", 6)], "10")
     cache.replace([], "20")
     clock.now += 100
-    assert cache.evict_expired() == 2
+    added = cache.apply(ADDED, pod("c", 21))  # the group goes: 100 s old
+    assert added is not None and cache.history_len() == 1
     # A client at 20 has had the whole group: nothing it lacks was evicted.
-    assert cache.plan("20") == StartPlan(initial=[], next_seq=cache.next_seq, start_rv=20)
+    assert cache.plan("20") == StartPlan(initial=[], next_seq=added.seq, start_rv=20)
     assert cache.plan("19").expired  # inside the relist gap
-    added = cache.apply(ADDED, pod("c", 21))
-    assert added is not None and cache.plan("20").next_seq == added.seq
 
 
 def test_constructor_validates_limits() -> None:
@@ -689,8 +689,7 @@ def test_every_subscriber_reaches_the_current_state(data: st.DataObject) -> None
             event_type, obj = data.draw(st.sampled_from(upstream_events))
             assert cache.apply(event_type, obj) is None
         elif op == "tick":
-            clock.now += data.draw(st.sampled_from([1.0, 10.0, 100.0]))
-            cache.evict_expired()
+            clock.now += data.draw(st.sampled_from([1.0, 10.0, 100.0]))  # the next event evicts
         elif op == "join":
             mode = data.draw(st.sampled_from(["fresh", "zero", "point", "ahead", "sie"]))
             if mode in ("fresh", "zero", "sie"):

@@ -33,10 +33,9 @@ class ListRegressed(ValueError):
 class ListedObject:
     """A listed object in the form a watch cache keeps (see ``cachestate.listed``).
 
-    Made as each LIST page arrives. Mechanism of the old peak: the fetcher gathered every
-    page's parsed dicts before the cache saw any, so a large collection was briefly held as
-    Python objects all at once (about 6 bytes of RSS per byte of JSON, which the allocator
-    then kept: bench.collection, 10,000 pods).
+    Made as each LIST page arrives, so that a large collection is never held as parsed
+    Python objects all at once: about 6 bytes of RSS per byte of JSON, which the allocator
+    then keeps (bench.collection, 10,000 pods).
     """
 
     key: str

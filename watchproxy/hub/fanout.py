@@ -40,7 +40,8 @@ from watchproxy.metrics import Metrics
 GroupKey = tuple[int, int, int]  # (cursor, start_rv, min_rv)
 
 
-def _wake(waiter: asyncio.Future[None]) -> None:
+def wake(waiter: asyncio.Future[None]) -> None:
+    """Complete a waiter's future unless a timer or another wake already did."""
     if not waiter.done():
         waiter.set_result(None)
 
@@ -108,7 +109,7 @@ class Fanout:
         live.paused = False
         key = (live.cursor, live.start_rv, live.min_rv)
         self._groups.setdefault(key, {})[live] = None
-        timer = loop.call_later(timeout, _wake, waiter)
+        timer = loop.call_later(timeout, wake, waiter)
         try:
             await waiter
         finally:
@@ -124,7 +125,7 @@ class Fanout:
 
     def _kick(self, live: LiveCursor) -> None:
         if live.waiter is not None:
-            _wake(live.waiter)
+            wake(live.waiter)
 
     def schedule(self) -> None:
         """The cache changed: run one pass at the end of this loop iteration, or after the pause."""

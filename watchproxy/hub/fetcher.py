@@ -2,22 +2,24 @@
 
 The I/O half of the driver (see :mod:`watchproxy.hub.sharedwatch`): it builds the upstream
 request of a key, sends it through the :class:`~watchproxy.hub.ports.WatchSource`, and turns
-what comes back — pages, lines, errors, silence — into the machine's outcomes. A failure is
-turned into an outcome value inside its ``except`` and acted on after it, so nothing is awaited
-while an exception (and through its traceback, a broken connection) is held.
+what comes back — pages, lines, errors, silence — into the machine's outcomes. It never calls
+the machine: :meth:`Fetcher.list` returns one outcome, :meth:`Fetcher.watch` yields one per
+line and is sent the machine's next silence deadline back. A failure is turned into an outcome
+value inside its ``except`` and yielded after it, so nothing is awaited while an exception
+(and through its traceback, a broken connection) is held.
 """
 
 from __future__ import annotations
 
 import asyncio
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
+from http import HTTPStatus
 from typing import Any
 
-from watchproxy.errors import ProxyError, status_object
+from watchproxy.errors import ProxyError
 from watchproxy.hub import cachestate
 from watchproxy.hub.cachetypes import ListedObject
-from watchproxy.hub.machine import SharedWatchMachine
 from watchproxy.hub.outcomes import (
     Bookmark,
     Broken,
@@ -25,38 +27,33 @@ from watchproxy.hub.outcomes import (
     Event,
     Expired,
     Listed,
+    NotShared,
     Opened,
     OpenList,
     OpenWatch,
     Outcome,
-    ReadOn,
     Refused,
     Silent,
-    Step,
+    Unshareable,
 )
 from watchproxy.hub.ports import UpstreamAnswer, UpstreamHealth, WatchSource
 from watchproxy.hub.watchkey import WatchKey
-from watchproxy.kube.representation import Representation, encode_json
+from watchproxy.kube.representation import Representation
 from watchproxy.metrics import Metrics
 
 LIST_PAGE_SIZE = 500
-
-
-CACHE_FULL = encode_json(
-    status_object(
-        507,
-        "InternalError",
-        "watchproxy's cache is full (hub.cache_max_bytes): this collection is not shared",
-    )
-)
 
 
 def _media_type(content_type: str) -> str:
     return content_type.partition(";")[0].strip().lower()
 
 
+# What :meth:`Fetcher.watch` yields and is sent: outcomes out, the next silence deadline in.
+WatchOutcomes = AsyncGenerator[Outcome, float]
+
+
 class Fetcher:
-    """Sends one key's upstream requests; feeds the machine while a watch streams."""
+    """Sends one key's upstream requests and reports what came back as outcomes."""
 
     def __init__(
         self,
@@ -65,22 +62,18 @@ class Fetcher:
         *,
         source: WatchSource,
         health: UpstreamHealth,
-        machine: SharedWatchMachine,
         metrics: Metrics,
         forwarded_auth: str | None,
         clock: Callable[[], float],
-        took: Callable[[Step], None],
         cache_admits: Callable[[int], bool] = lambda _bytes: True,
     ) -> None:
         self.key = key
         self.representation = representation
         self.source = source
         self.health = health
-        self._machine = machine
         self._received = metrics.events_received.labels(key.resource_label)
         self.forwarded_auth = forwarded_auth
         self.clock = clock
-        self._took = took
         self._cache_admits = cache_admits
 
     def _broken(self, error: ProxyError) -> Broken:
@@ -132,12 +125,15 @@ class Fetcher:
             if answer.status == 410 and token:
                 items, list_rv, token = [], None, ""  # the continue token expired: start over
                 continue
+            if answer.status == HTTPStatus.NOT_ACCEPTABLE:
+                # No such encoding for this kind (protobuf for a custom resource, say).
+                return Unshareable(NotShared.UNENCODABLE)
             if answer.status != 200:
                 return Refused(answer.status, body, answer.content_type, answer.retry_after)
             if _media_type(answer.content_type) != self.representation.content_type:
-                # A kind the apiserver has no such encoding for (a custom resource asked
-                # for protobuf): the hub passes such watches through (see the multiplexer).
-                return Refused(406, body, answer.content_type, None)
+                # The apiserver answered in another encoding than the one asked for: the
+                # kind has no such encoding either.
+                return Unshareable(NotShared.UNENCODABLE)
             rep = self.representation
             try:
                 page = rep.decode_list_page_lines(body)
@@ -157,69 +153,70 @@ class Fetcher:
                 expected += page_bytes * remaining // (len(items) - first)
             if not action.relist and not self._cache_admits(expected):
                 # The key is not shared (see the multiplexer), nothing is kept.
-                return Refused(507, CACHE_FULL, "application/json", None)
+                return Unshareable(NotShared.CACHE_FULL)
             list_rv = list_rv or page_rv
             if not token:
                 return Listed(items, list_rv)
 
-    async def watch(self, action: OpenWatch) -> Step:
-        """One upstream watch, read to its end; returns the machine's step after it."""
+    async def watch(self, action: OpenWatch) -> WatchOutcomes:
+        """One upstream watch, read to its end, as outcomes.
+
+        A 200 yields :class:`Opened`, then one outcome per line, then how the watch ended;
+        after each but the last the caller sends back the deadline by which the next line
+        must come (else the watch is :class:`Silent`). Any other answer yields one outcome.
+        The caller ``aclose()``s it as soon as it stops reading, which closes the answer.
+        """
         path = self._path(
             watch="true",
             allowWatchBookmarks="true",
             resourceVersion=action.resource_version,
             timeoutSeconds=str(action.timeout_seconds),
         )
+        outcome: Outcome
         try:
             answer = await self._open(path, "watch")
         except ProxyError as error:
-            return self._machine.handle(self._broken(error))
-        try:
-            if answer.status != 200:
-                outcome: Outcome
-                try:
-                    body = await answer.body()
-                except ProxyError as error:
-                    outcome = self._broken(error)
-                else:
-                    if answer.status == 410:
-                        outcome = Expired(self.representation.error_event_from_body(body))
-                    else:
-                        outcome = Refused(
-                            answer.status, body, answer.content_type, answer.retry_after
-                        )
-                return self._machine.handle(outcome)
-            step = self._machine.handle(Opened())
-            self._took(step)
-            assert isinstance(step.action, ReadOn)
-            return await self._read(answer, step.action.deadline)
-        finally:
-            answer.close()
-
-    async def _read(self, answer: UpstreamAnswer, deadline: float) -> Step:
-        loop = asyncio.get_running_loop()
-        lines = answer.frames() if self.representation.framed else answer.lines()
-        outcome: Outcome
-        try:
-            # The silence timer: rescheduled by every event and bookmark (issue 10, item 4).
-            # A half-open connection or a hung apiserver reads nothing, forever, otherwise.
-            async with asyncio.timeout_at(loop.time() + deadline - self.clock()) as silence:
-                async for line in lines:
-                    if not line.strip():
-                        continue
-                    step = self._machine.handle(self._parse(line))
-                    if not isinstance(step.action, ReadOn):
-                        return step
-                    self._took(step)
-                    silence.reschedule(loop.time() + step.action.deadline - self.clock())
-            outcome = Ended()
-        except TimeoutError:
-            outcome = Silent()
-        except ProxyError as error:
             outcome = self._broken(error)
-        finally:
-            await lines.aclose()
-        return self._machine.handle(outcome)
+        else:
+            try:
+                if answer.status != 200:
+                    outcome = await self._refusal(answer)
+                else:
+                    deadline = yield Opened()
+                    loop = asyncio.get_running_loop()
+                    lines = answer.frames() if self.representation.framed else answer.lines()
+                    try:
+                        # The silence timer, moved by every line the machine takes in: a
+                        # half-open connection or a hung apiserver reads nothing, forever.
+                        # It spans the yields: the driver awaits nothing between taking an
+                        # outcome and sending the next deadline, so it only fires in a read.
+                        start = loop.time() + deadline - self.clock()
+                        async with asyncio.timeout_at(start) as silence:
+                            async for line in lines:
+                                if not line.strip():
+                                    continue
+                                deadline = yield self._parse(line)
+                                silence.reschedule(loop.time() + deadline - self.clock())
+                        outcome = Ended()
+                    except TimeoutError:
+                        outcome = Silent()
+                    except ProxyError as error:
+                        outcome = self._broken(error)
+                    finally:
+                        await lines.aclose()
+            finally:
+                answer.close()
+        yield outcome
+
+    async def _refusal(self, answer: UpstreamAnswer) -> Outcome:
+        """The outcome of a watch the apiserver did not answer with 200."""
+        try:
+            body = await answer.body()
+        except ProxyError as error:
+            return self._broken(error)
+        if answer.status == 410:
+            return Expired(self.representation.error_event_from_body(body))
+        return Refused(answer.status, body, answer.content_type, answer.retry_after)
 
     def _parse(self, line: bytes) -> Outcome:
         try:

@@ -1,4 +1,4 @@
-"""Consistent LISTs answered from a shared watch once it is known to be current (issue 16.2).
+"""Consistent LISTs answered from a shared watch once it is known to be current.
 
 A LIST without a resourceVersion must reflect every write that finished before it arrived. The
 apiserver (KEP-2340) serves it from its watch cache after asking etcd for its current revision

@@ -19,10 +19,10 @@ from watchproxy.hub.historybudget import HistoryBudget
 # How many dropped events may sit at the front of the list before it is compacted.
 COMPACT_AFTER = 1024
 # What a dropped event's slot holds until the compaction: the slot must let go of the event.
-# Mechanism of the old growth: a dropped event stayed in its slot, and the list is compacted only
-# once the dropped slots are over COMPACT_AFTER and half the list, so a ring held up to
-# max(COMPACT_AFTER events, its live bytes) of evicted lines besides its live ones: with 10 KiB
-# events, RSS grew by 17.5 MB at a 4 MiB history budget and 40 MB at 16 MiB (bench.backlog).
+# The list is compacted only once the dropped slots are over COMPACT_AFTER and half the list, so
+# a slot that kept its event would hold up to max(COMPACT_AFTER events, the live bytes) of
+# evicted lines besides the live ones: with 10 KiB events, 17.5 MB of RSS at a 4 MiB history
+# budget and 40 MB at 16 MiB (bench.backlog).
 _DROPPED = CachedEvent(-1, "", -1, "", b"", 0.0)
 
 

@@ -6,10 +6,12 @@ apiserver — and feeds back what happened as an :class:`Outcome`. The machine o
 :class:`~watchproxy.hub.watchcache.WatchCache` it fills and the back-off schedule; the clock
 and the random source are passed in, so every transition is a plain function call in tests.
 
-Phases, and what moves between them, are listed once in :data:`TRANSITIONS`; the machine
-refuses any move that is not listed there, and :func:`mermaid` draws the same table.
+Phases, and what moves between them, are listed once in :data:`TRANSITIONS`. The table drives
+the machine: :meth:`SharedWatchMachine.handle` dispatches on (phase, outcome) to the one handler
+of that pair, which may only take one of the pair's rows; :func:`mermaid` draws the same table
+for docs/architecture.md. The driver's single loop is the only caller of ``handle``.
 
-Three rules this encodes, each the fix of a failure seen in the field (issue 10):
+Three rules this encodes, each the answer to a failure a real apiserver can cause:
 
 - relisting after a 410 is its own phase, distinct from the first list: a refused relist is
   backed off and retried, while a refused first list is the clients' answer (``failed``);
@@ -26,8 +28,9 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import Enum
+from typing import Any
 
+from watchproxy.config import HubConfig
 from watchproxy.hub.cachetypes import ListRegressed
 from watchproxy.hub.outcomes import (
     Action,
@@ -51,101 +54,41 @@ from watchproxy.hub.outcomes import (
     Start,
     Step,
     Stop,
+    Unshareable,
     UpstreamBack,
     WaitForUpstream,
 )
+from watchproxy.hub.transitions import TRANSITIONS, Move, Phase
 from watchproxy.hub.watchcache import WatchCache
-from watchproxy.policy.backoff import Backoff
-
-# An upstream watch that ends cleanly this soon with nothing in it counts as a failure: an
-# upstream that ends watches at once must not pull us into a loop.
-QUICK_END_SECONDS = 1.0
+from watchproxy.kube.watchquery import QUICK_END_SECONDS
+from watchproxy.policy.backoff import Backoff, BackoffPolicy
 
 # Answers to a WATCH that retrying cannot change: the clients get them as they are.
 DENIED = frozenset({401, 403, 404, 405})
-
-
-class Phase(Enum):
-    IDLE = "idle"
-    LISTING = "listing"  # the first LIST: no state yet
-    WATCHING = "watching"  # an upstream WATCH is being opened or read
-    RELISTING = "relisting"  # a LIST after the upstream said 410 on resume
-    BACKING_OFF = "backing-off"  # sleeping until a deadline (failure, 429, recovery jitter)
-    WAITING = "waiting-for-upstream"  # the apiserver is down: the prober retries, not us
-    FAILED = "failed"  # the first LIST was refused: clients get that same answer
-    STOPPED = "stopped"
-
-
-# ---- the table ------------------------------------------------------------------------------
-
-P = Phase
-# (from, outcome, to, condition): every move the machine can make, and nothing else.
-TRANSITIONS: tuple[tuple[Phase, str, Phase, str], ...] = (
-    (P.IDLE, "Start", P.LISTING, ""),
-    (P.LISTING, "Listed", P.WATCHING, "from the oldest RV a client waits for"),
-    (P.LISTING, "Refused", P.FAILED, "clients get the same answer"),
-    (P.LISTING, "Broken", P.BACKING_OFF, "upstream up"),
-    (P.LISTING, "Broken", P.WAITING, "upstream down"),
-    (P.WATCHING, "Opened", P.WATCHING, ""),
-    (P.WATCHING, "Event", P.WATCHING, "publish"),
-    (P.WATCHING, "Bookmark", P.WATCHING, "publish"),
-    (P.WATCHING, "Event", P.BACKING_OFF, "unreadable"),
-    (P.WATCHING, "Bookmark", P.BACKING_OFF, "unreadable"),
-    (P.WATCHING, "Silent", P.WATCHING, "dead, resume from the last RV"),
-    (P.WATCHING, "Ended", P.WATCHING, "resume from the last RV"),
-    (P.WATCHING, "Ended", P.BACKING_OFF, "quick and empty"),
-    (P.WATCHING, "Expired", P.WATCHING, "backfill refused, cut it, go on from the list"),
-    (P.WATCHING, "Expired", P.RELISTING, ""),
-    (P.WATCHING, "Refused", P.FAILED, "401, 403, 404 or 405: clients get the same answer"),
-    (P.WATCHING, "Refused", P.BACKING_OFF, "429 waits Retry-After, else back-off"),
-    (P.WATCHING, "Broken", P.BACKING_OFF, "upstream up"),
-    (P.WATCHING, "Broken", P.WAITING, "upstream down"),
-    (P.RELISTING, "Listed", P.WATCHING, "publish the difference"),
-    (P.RELISTING, "Refused", P.BACKING_OFF, "429 waits Retry-After, else back-off"),
-    (P.RELISTING, "Broken", P.BACKING_OFF, "upstream up"),
-    (P.RELISTING, "Broken", P.WAITING, "upstream down"),
-    (P.BACKING_OFF, "Elapsed", P.LISTING, "the first list failed"),
-    (P.BACKING_OFF, "Elapsed", P.WATCHING, "resume"),
-    (P.BACKING_OFF, "Elapsed", P.RELISTING, "the relist failed"),
-    (P.BACKING_OFF, "Elapsed", P.WAITING, "upstream down"),
-    (P.WAITING, "UpstreamBack", P.BACKING_OFF, "jittered, under the recovery window"),
-    *((phase, "Stop", P.STOPPED, "") for phase in P if phase is not P.STOPPED),
-)
-_ALLOWED = frozenset((a, outcome, b) for a, outcome, b, _ in TRANSITIONS)
-
-
-def _mermaid_id(phase: Phase) -> str:
-    return phase.name.lower()
-
-
-def mermaid() -> str:
-    """The transition table as a Mermaid state diagram (``stateDiagram-v2``).
-
-    Conditions are plain words (no ``:`` or ``;``, which Mermaid reads as syntax).
-    """
-    lines = ["stateDiagram-v2"]
-    lines += [f'    state "{p.value}" as {_mermaid_id(p)}' for p in Phase]
-    lines.append(f"    [*] --> {_mermaid_id(P.IDLE)}")
-    for a, outcome, b, condition in TRANSITIONS:
-        if outcome == "Stop" and a is not P.IDLE:
-            continue  # every phase stops the same way: one line says it
-        label = f"{outcome} [{condition}]" if condition else outcome
-        lines.append(f"    {_mermaid_id(a)} --> {_mermaid_id(b)}: {label}")
-    lines.append(f"    {_mermaid_id(P.STOPPED)} --> [*]")
-    lines.append(f"    note right of {_mermaid_id(P.STOPPED)}: every phase stops on Stop")
-    return "\n".join(lines) + "\n"
 
 
 class IllegalTransition(RuntimeError):
     """The machine was asked to make a move its table does not list (a bug)."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class MachineConfig:
-    silence: float = 120.0
-    watch_lifetime: tuple[float, float] = (300.0, 600.0)
-    recovery_window: float = 1.0
+    """The machine's timings; :meth:`of` derives them from the hub's configuration."""
+
+    silence: float
+    watch_lifetime: tuple[float, float]
+    recovery_window: float
     quick_end: float = QUICK_END_SECONDS
+
+    @classmethod
+    def of(cls, hub: HubConfig, backoff: BackoffPolicy) -> MachineConfig:
+        return cls(
+            silence=hub.upstream_silence_seconds,
+            watch_lifetime=(hub.upstream_watch_min_seconds, hub.upstream_watch_max_seconds),
+            # Spreads the keys' re-watches a little after an outage; the upstream limiter
+            # meters them anyway, and every 0.1 s here is 0.05 s of recovery latency.
+            recovery_window=min(0.25, backoff.initial),
+        )
 
 
 @dataclass
@@ -154,7 +97,22 @@ class _Counters:
     relists: int = 0
     watches: int = 0
     silences: int = 0
-    moves: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    # How often each row of TRANSITIONS was taken, by its index there.
+    moves: list[int] = field(default_factory=lambda: [0] * len(TRANSITIONS))
+
+
+@dataclass(slots=True)
+class _Reading:
+    """What the WATCHING phase knows of the upstream watch it has open."""
+
+    opened_at: float = 0.0
+    lines: int = 0
+
+
+# What a cache refuses an event or bookmark with (no or a non-numeric resourceVersion).
+_UNREADABLE = (ValueError, KeyError, TypeError, AttributeError)
+# The step of a machine that ignores what it is fed (stopped, or failed and waiting for Stop).
+_HALT = Step(Halt())
 
 
 class SharedWatchMachine:
@@ -172,20 +130,22 @@ class SharedWatchMachine:
         *,
         clock: Callable[[], float],
         rng: random.Random,
-        config: MachineConfig | None = None,
+        config: MachineConfig,
     ) -> None:
         self.cache = cache
         self.backoff = backoff
         self.clock = clock
         self.rng = rng
-        self.config = config or MachineConfig()
+        self.config = config
         self.phase = Phase.IDLE
         self.in_flight = False
         self.counters = _Counters()
-        self._resume = Phase.LISTING  # what to do when a wait is over
-        self._floor: str | None = None  # the oldest RV a client waits for, before the list
-        self._opened_at = 0.0
-        self._lines = 0
+        # Per phase: what the WATCHING phase reads, and what the waiting phases (BACKING_OFF,
+        # WAITING) go back to when their wait is over.
+        self._reading = _Reading()
+        self._resume = Phase.LISTING
+        # Until the first list is applied: the oldest RV a client waits for.
+        self._floor: str | None = None
 
     # ---- inputs from the hub ------------------------------------------------------------
 
@@ -193,7 +153,7 @@ class SharedWatchMachine:
         """A client waits for ``resource_version``: start the history there if still possible.
 
         Possible until the first list is applied; the watch then replays from the oldest such
-        RV (issue 18: the apiserver has that history, so the hub must not answer 410).
+        RV: the apiserver still has that history, so the hub must not answer 410 for it.
         """
         if self.cache.synced or self.phase in (Phase.FAILED, Phase.STOPPED):
             return False
@@ -205,174 +165,222 @@ class SharedWatchMachine:
 
     def handle(self, outcome: Outcome) -> Step:
         """Apply one outcome; return what the driver does next."""
-        name = type(outcome).__name__
-        if self.phase is Phase.STOPPED:
-            return Step(Halt())
-        if isinstance(outcome, Stop):
-            self.in_flight = False
-            return self._go(Phase.STOPPED, name, Halt())
-        if self.phase is Phase.FAILED:
-            return Step(Halt())
-        handlers: dict[Phase, Callable[[Outcome, str], Step]] = {
-            Phase.IDLE: self._on_idle,
-            Phase.LISTING: self._on_listing,
-            Phase.RELISTING: self._on_relisting,
-            Phase.WATCHING: self._on_watching,
-            Phase.BACKING_OFF: self._on_backing_off,
-            Phase.WAITING: self._on_waiting,
-        }
-        return handlers[self.phase](outcome, name)
+        handler = _DISPATCH[self.phase].get(type(outcome))
+        if handler is None:
+            if self.phase in (Phase.STOPPED, Phase.FAILED):
+                return _HALT  # what was under way when it failed or stopped
+            name = type(outcome).__name__
+            raise IllegalTransition(f"{name} is not expected while {self.phase.value}")
+        return handler(self, outcome)
 
-    def _go(self, to: Phase, outcome: str, action: Action, *, publish: bool = False) -> Step:
-        move = (self.phase, outcome, to)
-        if move not in _ALLOWED:
-            raise IllegalTransition(f"{self.phase.value} --{outcome}--> {to.value}")
-        key = (self.phase.value, outcome, to.value)
-        self.counters.moves[key] = self.counters.moves.get(key, 0) + 1
+    def _go(self, outcome: Outcome, to: Phase, action: Action, *, publish: bool = False) -> Step:
+        move = _TARGETS[self.phase][type(outcome)].get(to)
+        if move is None:
+            name = type(outcome).__name__
+            raise IllegalTransition(f"{self.phase.value} --{name}--> {to.value}")
+        index, row = move
+        self.counters.moves[index] += 1
         self.phase = to
-        if isinstance(action, OpenList | OpenWatch):
-            if self.in_flight:
-                raise IllegalTransition("a second upstream request while one is in flight")
-            self.in_flight = True
-        return Step(action, publish, note=f"{move[0].value} --{outcome}--> {to.value}")
+        return Step(action, publish, row)
 
-    def _unexpected(self, name: str) -> IllegalTransition:
-        return IllegalTransition(f"{name} is not expected while {self.phase.value}")
+    # ---- one handler per (phase, outcome) of the table ---------------------------------------
 
-    def _on_idle(self, outcome: Outcome, name: str) -> Step:
-        if isinstance(outcome, Start):
-            return self._list(name, relist=False)
-        raise self._unexpected(name)
+    def _start(self, outcome: Start) -> Step:
+        return self._list(outcome, relist=False)
 
-    def _on_listing(self, outcome: Outcome, name: str) -> Step:
+    def _listed(self, outcome: Listed) -> Step:
         self.in_flight = False
-        if isinstance(outcome, Listed):
-            self.cache.replace(outcome.items, outcome.resource_version, floor=self._floor)
-            self._floor = None
-            return self._watch(name, publish=True)
-        if isinstance(outcome, Refused):
-            return self._go(Phase.FAILED, name, Fail(outcome), publish=True)
-        if isinstance(outcome, Broken):
-            return self._failed(name, outcome.down, Phase.LISTING)
-        raise self._unexpected(name)
+        self.cache.replace(outcome.items, outcome.resource_version, floor=self._floor)
+        self._floor = None
+        return self._watch(outcome, publish=True)
 
-    def _on_relisting(self, outcome: Outcome, name: str) -> Step:
+    def _list_refused(self, outcome: Refused | Unshareable) -> Step:
         self.in_flight = False
-        if isinstance(outcome, Listed):
-            try:
-                self.cache.replace(outcome.items, outcome.resource_version)
-            except ListRegressed:
-                # The list went back in time (a stale read, an etcd restore): start over.
-                # Every subscriber is ended and re-watches, as the apiserver would force too.
-                self.cache.reset(outcome.items, outcome.resource_version)
-            return self._watch(name, publish=True)
-        if isinstance(outcome, Refused):
-            return self._refused(name, outcome, Phase.RELISTING)
-        if isinstance(outcome, Broken):
-            return self._failed(name, outcome.down, Phase.RELISTING)
-        raise self._unexpected(name)
+        return self._go(outcome, Phase.FAILED, Fail(outcome), publish=True)
 
-    def _on_watching(self, outcome: Outcome, name: str) -> Step:
+    def _relisted(self, outcome: Listed) -> Step:
+        self.in_flight = False
+        try:
+            self.cache.replace(outcome.items, outcome.resource_version)
+        except ListRegressed:
+            # The list went back in time (a stale read, an etcd restore): start over.
+            # Every subscriber is ended and re-watches, as the apiserver would force too.
+            self.cache.reset(outcome.items, outcome.resource_version)
+        return self._watch(outcome, publish=True)
+
+    def _relist_refused(self, outcome: Refused) -> Step:
+        self.in_flight = False
+        return self._refused(outcome, Phase.RELISTING)
+
+    def _relist_unshareable(self, outcome: Unshareable) -> Step:
+        # Only the representation can refuse a relist (the cache budget is checked when a key
+        # is first listed): the apiserver may encode it again later, so try again.
+        self.in_flight = False
+        return self._pause(outcome, Phase.RELISTING, down=False)
+
+    def _broken(self, outcome: Broken) -> Step:
+        self.in_flight = False
+        return self._pause(outcome, self.phase, down=outcome.down)
+
+    def _opened(self, outcome: Opened) -> Step:
         now = self.clock()
-        if isinstance(outcome, Opened):
-            self._opened_at = now
-            return self._go(Phase.WATCHING, name, ReadOn(now + self.config.silence))
-        if isinstance(outcome, Event | Bookmark):
-            self._lines += 1
-            try:
-                if isinstance(outcome, Event):
-                    changed = self.cache.apply(outcome.type, outcome.object) is not None
-                else:
-                    self.cache.bookmark(outcome.resource_version)
-                    changed = True  # a client waiting for a newer RV may go on
-            except (ValueError, KeyError, TypeError, AttributeError):
-                # Not an event the cache can hold (no or a non-numeric resourceVersion):
-                # treat the stream as broken and resume from what was taken in.
-                self.in_flight = False
-                return self._failed(name, False, Phase.WATCHING)
-            self.backoff.success()  # a watch that delivers is healthy
-            action = ReadOn(now + self.config.silence)
-            return self._go(Phase.WATCHING, name, action, publish=changed)
+        self._reading.opened_at = now
+        return self._go(outcome, Phase.WATCHING, ReadOn(now + self.config.silence))
+
+    def _line(self, outcome: Event | Bookmark) -> Step:
+        self._reading.lines += 1
+        try:
+            if isinstance(outcome, Event):
+                changed = self.cache.apply(outcome.type, outcome.object) is not None
+            else:
+                self.cache.bookmark(outcome.resource_version)
+                changed = True  # a client waiting for a newer RV may go on
+        except _UNREADABLE:
+            # Not a line the cache can hold: treat the stream as broken and resume from what
+            # was taken in.
+            self.in_flight = False
+            return self._pause(outcome, Phase.WATCHING, down=False)
+        self.backoff.success()  # a watch that delivers is healthy
+        action = ReadOn(self.clock() + self.config.silence)
+        return self._go(outcome, Phase.WATCHING, action, publish=changed)
+
+    def _silent(self, outcome: Silent) -> Step:
         self.in_flight = False
-        if isinstance(outcome, Silent):
-            self.counters.silences += 1
-            return self._watch(name)
-        if isinstance(outcome, Ended):
-            if self._lines == 0 and now - self._opened_at < self.config.quick_end:
-                return self._failed(name, False, Phase.WATCHING)
-            self.backoff.success()
-            return self._watch(name)
-        if isinstance(outcome, Expired):
-            if self.cache.backfilling:
-                # The apiserver no longer has the RV the backfill started from: clients that
-                # started there get its 410; the stream goes on from the list's RV.
-                self.cache.abandon_backfill(outcome.line)
-                return self._watch(name, publish=True)
-            return self._list(name, relist=True)
-        if isinstance(outcome, Refused):
-            if outcome.status in DENIED:
-                # The WATCH itself is not allowed (RBAC may grant list but not watch, a CRD
-                # may be gone): retrying cannot help, and serving the list would hand clients
-                # a stream the apiserver refuses them. Fail the key with the apiserver's answer.
-                return self._go(Phase.FAILED, name, Fail(outcome, of_list=False), publish=True)
-            return self._refused(name, outcome, Phase.WATCHING)
-        if isinstance(outcome, Broken):
-            return self._failed(name, outcome.down, Phase.WATCHING)
-        raise self._unexpected(name)
+        self.counters.silences += 1
+        return self._watch(outcome)
 
-    def _on_backing_off(self, outcome: Outcome, name: str) -> Step:
-        if isinstance(outcome, Elapsed):
-            if outcome.down:
-                return self._go(Phase.WAITING, name, WaitForUpstream())
-            if self._resume is Phase.WATCHING:
-                return self._watch(name)
-            return self._list(name, relist=self._resume is Phase.RELISTING)
-        raise self._unexpected(name)
+    def _ended(self, outcome: Ended) -> Step:
+        self.in_flight = False
+        reading = self._reading
+        if reading.lines == 0 and self.clock() - reading.opened_at < self.config.quick_end:
+            return self._pause(outcome, Phase.WATCHING, down=False)
+        self.backoff.success()
+        return self._watch(outcome)
 
-    def _on_waiting(self, outcome: Outcome, name: str) -> Step:
-        if isinstance(outcome, UpstreamBack):
-            # The prober has seen the apiserver answer: our own schedule starts again, and
-            # the keys that waited spread their reconnects over a short window.
-            self.backoff.reset()
-            until = self.clock() + self.rng.uniform(0.0, self.config.recovery_window)
-            return self._go(Phase.BACKING_OFF, name, Sleep(until))
-        raise self._unexpected(name)
+    def _expired(self, outcome: Expired) -> Step:
+        self.in_flight = False
+        if self.cache.backfilling:
+            # The apiserver no longer has the RV the backfill started from: clients that
+            # started there get its 410; the stream goes on from the list's RV.
+            self.cache.abandon_backfill(outcome.line)
+            return self._watch(outcome, publish=True)
+        return self._list(outcome, relist=True)
+
+    def _watch_refused(self, outcome: Refused) -> Step:
+        self.in_flight = False
+        if outcome.status in DENIED:
+            # The WATCH itself is not allowed (RBAC may grant list but not watch, a CRD
+            # may be gone): retrying cannot help, and serving the list would hand clients
+            # a stream the apiserver refuses them. Fail the key with the apiserver's answer.
+            return self._go(outcome, Phase.FAILED, Fail(outcome, of_list=False), publish=True)
+        return self._refused(outcome, Phase.WATCHING)
+
+    def _elapsed(self, outcome: Elapsed) -> Step:
+        if outcome.down:
+            return self._go(outcome, Phase.WAITING, WaitForUpstream())
+        if self._resume is Phase.WATCHING:
+            return self._watch(outcome)
+        return self._list(outcome, relist=self._resume is Phase.RELISTING)
+
+    def _upstream_back(self, outcome: UpstreamBack) -> Step:
+        # The prober has seen the apiserver answer: our own schedule starts again, and
+        # the keys that waited spread their reconnects over a short window.
+        self.backoff.reset()
+        until = self.clock() + self.rng.uniform(0.0, self.config.recovery_window)
+        return self._go(outcome, Phase.BACKING_OFF, Sleep(until))
+
+    def _stop(self, outcome: Stop) -> Step:
+        self.in_flight = False
+        return self._go(outcome, Phase.STOPPED, Halt())
 
     # ---- helpers --------------------------------------------------------------------------
 
-    def _list(self, name: str, *, relist: bool) -> Step:
+    def _opens(self) -> None:
+        if self.in_flight:
+            raise IllegalTransition("a second upstream request while one is in flight")
+        self.in_flight = True
+
+    def _list(self, outcome: Outcome, *, relist: bool) -> Step:
         if relist:
             self.counters.relists += 1
         else:
             self.counters.lists += 1
         to = Phase.RELISTING if relist else Phase.LISTING
         rv = self.cache.resource_version_str if relist else None
-        return self._go(to, name, OpenList(relist=relist, not_older_than=rv))
+        self._opens()
+        return self._go(outcome, to, OpenList(relist=relist, not_older_than=rv))
 
-    def _watch(self, name: str, *, publish: bool = False) -> Step:
+    def _watch(self, outcome: Outcome, *, publish: bool = False) -> Step:
         rv = self.cache.stream_resource_version_str
         assert rv is not None, "a watch before the first list"
         low, high = self.config.watch_lifetime
-        self._lines = 0
+        self._reading = _Reading()
         self.counters.watches += 1
         action = OpenWatch(rv, int(self.rng.uniform(low, high)))
-        return self._go(Phase.WATCHING, name, action, publish=publish)
+        self._opens()
+        return self._go(outcome, Phase.WATCHING, action, publish=publish)
 
-    def _failed(self, name: str, down: bool, resume: Phase) -> Step:
+    def _pause(self, outcome: Outcome, resume: Phase, *, down: bool) -> Step:
         self._resume = resume
         if down:
-            return self._go(Phase.WAITING, name, WaitForUpstream())
-        return self._go(Phase.BACKING_OFF, name, Sleep(self.clock() + self.backoff.failure()))
+            return self._go(outcome, Phase.WAITING, WaitForUpstream())
+        until = self.clock() + self.backoff.failure()
+        return self._go(outcome, Phase.BACKING_OFF, Sleep(until))
 
-    def _refused(self, name: str, refused: Refused, resume: Phase) -> Step:
-        self._resume = resume
+    def _refused(self, refused: Refused, resume: Phase) -> Step:
         if refused.status == 429 and refused.retry_after is not None:
             # Wait out the apiserver's Retry-After, then repeat the same request: a 429 is
-            # not a reason to relist (pitfall 22).
+            # not a reason to relist (docs/pitfalls.md).
+            self._resume = resume
             until = self.clock() + max(0.0, refused.retry_after)
-            return self._go(Phase.BACKING_OFF, name, Sleep(until))
-        return self._go(Phase.BACKING_OFF, name, Sleep(self.clock() + self.backoff.failure()))
+            return self._go(refused, Phase.BACKING_OFF, Sleep(until))
+        return self._pause(refused, resume, down=False)
 
 
-if __name__ == "__main__":  # pragma: no cover - prints the diagram for docs/architecture.md
-    print(mermaid(), end="")
+P = Phase
+_Handler = Callable[[SharedWatchMachine, Any], Step]
+M = SharedWatchMachine
+# The handler of each (phase, outcome) pair of TRANSITIONS; it picks among that pair's rows.
+_HANDLERS: dict[tuple[Phase, type[object]], _Handler] = {
+    (P.IDLE, Start): M._start,
+    (P.LISTING, Listed): M._listed,
+    (P.LISTING, Refused): M._list_refused,
+    (P.LISTING, Unshareable): M._list_refused,
+    (P.LISTING, Broken): M._broken,
+    (P.WATCHING, Opened): M._opened,
+    (P.WATCHING, Event): M._line,
+    (P.WATCHING, Bookmark): M._line,
+    (P.WATCHING, Silent): M._silent,
+    (P.WATCHING, Ended): M._ended,
+    (P.WATCHING, Expired): M._expired,
+    (P.WATCHING, Refused): M._watch_refused,
+    (P.WATCHING, Broken): M._broken,
+    (P.RELISTING, Listed): M._relisted,
+    (P.RELISTING, Refused): M._relist_refused,
+    (P.RELISTING, Unshareable): M._relist_unshareable,
+    (P.RELISTING, Broken): M._broken,
+    (P.BACKING_OFF, Elapsed): M._elapsed,
+    (P.WAITING, UpstreamBack): M._upstream_back,
+    **{(phase, Stop): M._stop for phase in P if phase is not P.STOPPED},
+}
+
+
+def _tables() -> tuple[
+    dict[Phase, dict[type[object], _Handler]],
+    dict[Phase, dict[type[object], dict[Phase, tuple[int, Move]]]],
+]:
+    """Per phase, per outcome: its handler, and the rows it may take by their target."""
+    pairs = {(move.source, move.outcome) for move in TRANSITIONS}
+    if pairs != set(_HANDLERS):
+        raise IllegalTransition(f"handlers and table differ: {pairs ^ set(_HANDLERS)}")
+    dispatch: dict[Phase, dict[type[object], _Handler]] = {phase: {} for phase in Phase}
+    targets: dict[Phase, dict[type[object], dict[Phase, tuple[int, Move]]]] = {
+        phase: {} for phase in Phase
+    }
+    for index, move in enumerate(TRANSITIONS):
+        dispatch[move.source][move.outcome] = _HANDLERS[(move.source, move.outcome)]
+        targets[move.source].setdefault(move.outcome, {})[move.target] = (index, move)
+    return dispatch, targets
+
+
+_DISPATCH, _TARGETS = _tables()

@@ -6,16 +6,19 @@ through unchanged), a :class:`Refusal` when the apiserver refused the key's list
 streams the client's answer from the key's shared state: synthetic ADDEDs or a replay from the
 history ring, then live events, all from one upstream watch per key.
 
-A resourceVersion older than the key's history is not refused here (issue 18): before the
+A resourceVersion older than the key's history is not refused here: the apiserver may still
+have that history, and a made-up 410 would send the client to relist for nothing. Before the
 key's first list, the shared watch starts its history at the oldest RV its clients ask for;
 after it, such a watch is passed through, and the apiserver answers it (its events, or its own
 410). The hub writes a 410 only for an RV that a relist made ambiguous (see ``watchcache``).
+
+A key the hub will not share (:class:`~watchproxy.hub.outcomes.NotShared`: the cache budget,
+an encoding the kind lacks) is a named reason, never an HTTP status: its clients pass through.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import time
@@ -30,8 +33,9 @@ from watchproxy.errors import TooManyRequests, UpstreamTimeout, UpstreamUnavaila
 from watchproxy.hub.cachetypes import StartPlan
 from watchproxy.hub.historybudget import HistoryBudget
 from watchproxy.hub.listcover import Cover, find_cover
+from watchproxy.hub.outcomes import NotShared
 from watchproxy.hub.ports import UpstreamHealth, WatchSource, WatchStarter
-from watchproxy.hub.sharedwatch import SharedWatch, UpstreamRefused
+from watchproxy.hub.sharedwatch import KeyNotShared, SharedWatch, UpstreamRefused
 from watchproxy.hub.subscriber import Subscriber, SubscriberOptions
 from watchproxy.hub.watchkey import Unservable, WatchKey, identity_of, watch_key
 from watchproxy.kube.apipath import ApiPath
@@ -67,12 +71,6 @@ class Refusal:
 STREAMED = "streamed"  # Hub.serve wrote the client's whole watch stream
 
 
-def metric_label(key: WatchKey) -> str:
-    """A shared watch's key as one label value: its path and whatever else sets it apart."""
-    parts = [key.collection_path, key.label_selector, key.field_selector, key.representation]
-    return " ".join(part for part in parts if part)
-
-
 class Hub:
     """Owns every SharedWatch; each is started on first use and stopped after its linger."""
 
@@ -99,11 +97,10 @@ class Hub:
         self.rng = rng or random.Random()
         self.clock = clock
         self.watches: dict[WatchKey, SharedWatch] = {}
-        # (resource, representation) pairs the apiserver cannot encode (406 to the hub's
-        # LIST): passed through from then on, without another LIST each time.
+        # (resource, representation) pairs the apiserver cannot encode (NotShared.UNENCODABLE):
+        # passed through from then on, without another LIST each time.
         self.unencodable: set[tuple[str, str]] = set()
         self._retired: set[asyncio.Task[None]] = set()
-        self._clients: set[asyncio.Task[Any]] = set()
         self.active_clients = 0
         metrics.shared_watches.set_function(lambda: len(self.watches))
         metrics.history_events.set_function(
@@ -114,6 +111,8 @@ class Hub:
         metrics.cache_bytes.set_function(self.cache_bytes)
         metrics.cache_budget_bytes.set(hub_config.cache_max_bytes)
         self._over_budget_logged: set[str] = set()
+        # Resources whose watchproxy_history_bytes series exists (it stays, at 0 when idle).
+        self._history_resources: set[str] = set()
         # Keys that did not fit, until when their watches pass through without another try.
         self._over_budget: dict[WatchKey, float] = {}
 
@@ -137,15 +136,23 @@ class Hub:
             budget=self.history_budget,
             cache_admits=self._cache_admits,
         )
-        cache = shared.cache
-        self.metrics.history_bytes.labels(key=metric_label(key)).set_function(
-            lambda: cache.history_bytes
-        )
+        resource = key.resource_label
+        if resource not in self._history_resources:
+            self._history_resources.add(resource)
+            self.metrics.history_bytes.labels(resource).set_function(
+                lambda: self.history_bytes_of(resource)
+            )
         shared.on_idle = self._retire
         self.watches[key] = shared
         shared.start()
         log.info("new shared watch %s %s", key.collection_path, key.describe())
         return shared
+
+    def history_bytes_of(self, resource: str) -> int:
+        """Bytes of history the shared watches of ``resource`` hold together."""
+        return sum(
+            w.cache.history_bytes for w in self.watches.values() if w.key.resource_label == resource
+        )
 
     def cache_bytes(self) -> int:
         """Bytes of cached objects across every shared watch."""
@@ -159,7 +166,6 @@ class Hub:
         """Called from the shared watch's own tasks: close it from a task the hub owns."""
         if self.watches.get(shared.key) is shared:
             del self.watches[shared.key]
-            self._forget_metrics(shared.key)
         task = asyncio.create_task(self._close_one(shared), name="watchproxy-retire")
         self._retired.add(task)
         task.add_done_callback(self._retired.discard)
@@ -227,6 +233,10 @@ class Hub:
         try:
             try:
                 await shared.wait_synced(INITIAL_SYNC_TIMEOUT)
+            except KeyNotShared as unshared:
+                self._not_shared(key, representation, unshared.reason)
+                self.metrics.passthrough_watches.labels(unshared.reason.value).inc()
+                return None
             except UpstreamRefused as refused:
                 if refused.of_list and refused.status == 403:
                     # RBAC refused the LIST; this client asked to WATCH, and the apiserver's
@@ -234,30 +244,10 @@ class Hub:
                     # A 401 or 404 reads the same for both verbs and is served from the key.
                     self.metrics.passthrough_watches.labels("list-refused").inc()
                     return None
-                if refused.of_list and refused.status == 507:
-                    # hub.cache_max_bytes: this key would not fit; its clients pass through
-                    # until a later client finds room (keys come and go).
-                    if key.resource_label not in self._over_budget_logged:
-                        self._over_budget_logged.add(key.resource_label)
-                        log.warning(
-                            "not sharing watches of %s: the cache is full "
-                            "(hub.cache_max_bytes=%d); they pass through to the apiserver",
-                            key.collection_path,
-                            self.config.cache_max_bytes,
-                        )
-                    self._over_budget[key] = self.clock() + OVER_BUDGET_RETRY_SECONDS
-                    self.metrics.passthrough_watches.labels("cache-budget").inc()
-                    return None
-                if refused.of_list and refused.status == 406:
-                    # No such encoding for this kind (protobuf for a custom resource): the
-                    # client's own Accept may allow another, which the apiserver picks.
-                    self.unencodable.add((key.resource_label, representation.identity))
-                    self.metrics.passthrough_watches.labels("representation").inc()
-                    return None
                 return Refusal(refused.status, refused.body, refused.content_type)
             plan = await self._plan(shared, query)
             if plan.outside_window:
-                # Older than this key's history: only the apiserver knows (issue 18).
+                # Older than this key's history: only the apiserver knows.
                 self.metrics.passthrough_watches.labels("outside-window").inc()
                 return None
             try:
@@ -291,6 +281,25 @@ class Hub:
             gauge.dec()
             self.active_clients -= 1
             shared.detach()
+
+    def _not_shared(self, key: WatchKey, representation: Representation, why: NotShared) -> None:
+        """Remember a key the hub cannot share, so that its next watches pass through at once."""
+        if why is NotShared.UNENCODABLE:
+            # No such encoding for this kind (protobuf for a custom resource): the client's
+            # own Accept may allow another, which the apiserver picks.
+            self.unencodable.add((key.resource_label, representation.identity))
+            return
+        # hub.cache_max_bytes: this key would not fit; its clients pass through until a later
+        # client finds room (keys come and go).
+        if key.resource_label not in self._over_budget_logged:
+            self._over_budget_logged.add(key.resource_label)
+            log.warning(
+                "not sharing watches of %s: the cache is full "
+                "(hub.cache_max_bytes=%d); they pass through to the apiserver",
+                key.collection_path,
+                self.config.cache_max_bytes,
+            )
+        self._over_budget[key] = self.clock() + OVER_BUDGET_RETRY_SECONDS
 
     def serve_list(
         self, api_path: ApiPath, query: WatchQuery, headers: Headers
@@ -354,16 +363,10 @@ class Hub:
     async def close(self) -> None:
         """End every shared watch; their subscribers finish their streams cleanly."""
         watches = list(self.watches.values())
-        for key in self.watches:
-            self._forget_metrics(key)
         self.watches.clear()
         # Concurrently, and every one to the end: _close_one reports a failure with its key
         # instead of raising, so one broken watch cannot leave the others' tasks unawaited.
         await asyncio.gather(*(self._close_one(w) for w in watches), *self._retired)
-
-    def _forget_metrics(self, key: WatchKey) -> None:
-        with contextlib.suppress(KeyError):
-            self.metrics.history_bytes.remove(metric_label(key))
 
     @staticmethod
     async def _close_one(shared: SharedWatch) -> None:

@@ -1,15 +1,21 @@
 """What a shared watch's driver reports to its machine, and what the machine asks it to do.
 
 Plain values: the :class:`Outcome` of an upstream request, and the :class:`Action` the driver
-performs next (see :mod:`watchproxy.hub.machine`).
+performs next (see :mod:`watchproxy.hub.machine`). Refusals have names: an HTTP answer of the
+apiserver is :class:`Refused` with its real status; a key the hub itself will not share is
+:class:`Unshareable` with a :class:`NotShared` reason, never a made-up status.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from enum import Enum
+from typing import TYPE_CHECKING, Any
 
 from watchproxy.hub.cachetypes import ListedObject
+
+if TYPE_CHECKING:
+    from watchproxy.hub.transitions import Move
 
 # ---- outcomes: what the driver saw upstream ------------------------------------------------
 
@@ -33,6 +39,21 @@ class Refused:
     body: bytes = b""
     content_type: str = "application/json"
     retry_after: float | None = None
+
+
+class NotShared(Enum):
+    """Why the hub does not share a key although the apiserver answered its first LIST; the
+    value is the pass-through reason the hub counts its clients' watches under."""
+
+    CACHE_FULL = "cache-budget"  # the list would take the cache past hub.cache_max_bytes
+    UNENCODABLE = "representation"  # the apiserver has no such encoding for this kind
+
+
+@dataclass(frozen=True, slots=True)
+class Unshareable:
+    """The key's LIST shows that it cannot be shared: its clients are passed through."""
+
+    reason: NotShared
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +116,7 @@ Outcome = (
     Start
     | Listed
     | Refused
+    | Unshareable
     | Opened
     | Event
     | Bookmark
@@ -114,7 +136,7 @@ Outcome = (
 class OpenList:
     relist: bool
     # A relist asks for a state no older than the one the cache has: the apiserver serves that
-    # from its watch cache, where resourceVersion="" is a quorum read from etcd (pitfall 8).
+    # from its watch cache, where resourceVersion="" is a quorum read from etcd.
     not_older_than: str | None = None
 
 
@@ -143,7 +165,7 @@ class WaitForUpstream:
 
 @dataclass(frozen=True, slots=True)
 class Fail:
-    refusal: Refused
+    refusal: Refused | Unshareable
     # The refused request was the first LIST (else the WATCH): a client that asked to watch
     # is owed the apiserver's answer to a watch, which a LIST's refusal is not.
     of_list: bool = True
@@ -159,8 +181,10 @@ Action = OpenList | OpenWatch | ReadOn | Sleep | WaitForUpstream | Fail | Halt
 
 @dataclass(frozen=True, slots=True)
 class Step:
-    """The next action; ``publish``: the cache changed, wake the subscribers."""
+    """The next action; ``publish``: the cache changed, wake the subscribers; ``move``: the
+    row of the transition table taken (None when the outcome changed nothing: a stopped or
+    failed machine ignores what still comes in)."""
 
     action: Action
     publish: bool = False
-    note: str = ""  # why, for the log
+    move: Move | None = None

@@ -1,4 +1,4 @@
-"""What the hub needs from the world, as small protocols (issue 11).
+"""What the hub needs from the world, as small protocols, so that it stays free of I/O libraries.
 
 The hub imports neither aiohttp nor ``watchproxy.upstream``: the upstream side is a
 :class:`WatchSource` (implemented by ``watchproxy.upstream.watchsource``) and an

@@ -2,13 +2,15 @@
 
 What to do next is decided by :class:`~watchproxy.hub.machine.SharedWatchMachine` (pure);
 this module only performs its actions — a LIST or a WATCH (through :mod:`watchproxy.hub.fetcher`
-and the hub's ports), a sleep, a wait for the apiserver — and feeds the outcomes back. Events go
-into the machine's :class:`~watchproxy.hub.watchcache.WatchCache`; subscribers read it through
-cursors and are woken by :meth:`SharedWatch.wait_change`.
+and the hub's ports), a sleep, a wait for the apiserver — and feeds the outcomes back, all in
+one loop (:meth:`SharedWatch._run`), the only caller of the machine: its start, every line of
+every watch, a failure, the end and even a bug all reach the machine there. Events go into the
+machine's :class:`~watchproxy.hub.watchcache.WatchCache`; subscribers read it through cursors
+and are woken by :meth:`SharedWatch.wait_change`.
 
-Nothing here is awaited inside an ``except``: failures arrive as outcome values. The old
-driver slept its back-off inside the ``except`` that caught the failure, which kept the failed
-connection (through the exception's traceback) alive for the whole outage (issue 10).
+Nothing here is awaited inside an ``except``: failures arrive as outcome values. An ``except``
+keeps its exception, and through the traceback the failed connection, alive until it ends: a
+back-off slept inside one would hold that connection for the whole outage.
 """
 
 from __future__ import annotations
@@ -19,17 +21,19 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from watchproxy.config import HubConfig
 from watchproxy.errors import UpstreamUnavailable
-from watchproxy.hub.fanout import Fanout, FanoutPacing
-from watchproxy.hub.fetcher import Fetcher
+from watchproxy.hub.fanout import Fanout, FanoutPacing, wake
+from watchproxy.hub.fetcher import Fetcher, WatchOutcomes
 from watchproxy.hub.historybudget import HistoryBudget
-from watchproxy.hub.machine import MachineConfig, Phase, SharedWatchMachine
+from watchproxy.hub.machine import MachineConfig, SharedWatchMachine
 from watchproxy.hub.outcomes import (
     Elapsed,
     Fail,
+    Halt,
+    NotShared,
     OpenList,
     OpenWatch,
     Outcome,
@@ -43,6 +47,7 @@ from watchproxy.hub.outcomes import (
     WaitForUpstream,
 )
 from watchproxy.hub.ports import UpstreamHealth, WatchSource
+from watchproxy.hub.transitions import Phase
 from watchproxy.hub.watchcache import WatchCache
 from watchproxy.hub.watchkey import WatchKey
 from watchproxy.kube.representation import Representation
@@ -52,9 +57,13 @@ from watchproxy.policy.backoff import Backoff, BackoffPolicy
 log = logging.getLogger("watchproxy.hub")
 
 
-def _wake(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
+_OPENS = (OpenList, OpenWatch)  # the actions that send a request upstream
+
+
+async def _until_cancelled() -> NoReturn:
+    """What a failed key does until its owner closes it (see ``SharedWatch._fail``)."""
+    await asyncio.get_running_loop().create_future()
+    raise AssertionError("a future nobody completes was completed")
 
 
 class UpstreamRefused(Exception):
@@ -66,6 +75,14 @@ class UpstreamRefused(Exception):
         self.body = body
         self.content_type = content_type
         self.of_list = of_list
+
+
+class KeyNotShared(Exception):
+    """The hub will not share this key (``reason``); its clients are passed through."""
+
+    def __init__(self, reason: NotShared) -> None:
+        super().__init__(f"not shared: {reason.value}")
+        self.reason = reason
 
 
 class SharedWatch:
@@ -108,34 +125,23 @@ class SharedWatch:
             Backoff(backoff_policy, rng, clock),
             clock=clock,
             rng=rng,
-            config=MachineConfig(
-                silence=hub_config.upstream_silence_seconds,
-                watch_lifetime=(
-                    hub_config.upstream_watch_min_seconds,
-                    hub_config.upstream_watch_max_seconds,
-                ),
-                # Spreads the keys' re-watches a little after an outage; the upstream limiter
-                # meters them anyway, and every 0.1 s here is 0.05 s of recovery latency.
-                recovery_window=min(0.25, backoff_policy.initial),
-            ),
+            config=MachineConfig.of(hub_config, backoff_policy),
         )
         self.fetcher = Fetcher(
             key,
             representation,
             source=source,
             health=health,
-            machine=self.machine,
             metrics=metrics,
             forwarded_auth=forwarded_auth,
             clock=clock,
-            took=self._took,
             cache_admits=cache_admits,
         )
         pacing = FanoutPacing(hub_config.fanout_max_delay_seconds, hub_config.fanout_cpu_share)
         self.fanout = Fanout(self.cache, metrics, key.resource_label, lambda: self.closed, pacing)
         self.subscribers = 0
         self.cursors: dict[int, int] = {}  # id(subscriber) -> its next seq, for lag and /debug
-        self.failure: UpstreamRefused | None = None
+        self.failure: UpstreamRefused | KeyNotShared | None = None
         self.upstream_attempts = 0
         self._waiters: set[asyncio.Future[None]] = set()
         # When the state's resourceVersion last moved (an event or a bookmark), by self.clock.
@@ -143,6 +149,7 @@ class SharedWatch:
         self._advanced_rv: int | None = None
         self._synced = asyncio.Event()
         self._watch_accepted = False
+        self._closing = False  # close() has begun: no new linger, subscribers end
         self._task: asyncio.Task[None] | None = None
         self._linger: asyncio.Task[None] | None = None
         self.on_idle: Callable[[SharedWatch], None] | None = None
@@ -158,7 +165,7 @@ class SharedWatch:
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[None] = loop.create_future()
         self._waiters.add(waiter)
-        timer = loop.call_later(timeout, _wake, waiter)
+        timer = loop.call_later(timeout, wake, waiter)
         try:
             await waiter
         finally:
@@ -173,14 +180,15 @@ class SharedWatch:
         self.fanout.schedule()
         waiters, self._waiters = self._waiters, set()
         for waiter in waiters:
-            _wake(waiter)
+            wake(waiter)
 
     def want(self, resource_version: str) -> None:
         """A client will ask for ``resource_version``: start the history there if not synced."""
         self.machine.want(resource_version)
 
     async def wait_synced(self, timeout: float) -> None:
-        """Wait for the first list; raise UpstreamRefused / UpstreamUnavailable if it fails."""
+        """Wait for the first list; raise UpstreamRefused, KeyNotShared or UpstreamUnavailable
+        if it fails."""
         if not self._synced.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._synced.wait(), timeout)
@@ -198,7 +206,7 @@ class SharedWatch:
 
     @property
     def closed(self) -> bool:
-        return self.machine.phase in (Phase.STOPPED, Phase.FAILED)
+        return self._closing or self.machine.phase in (Phase.STOPPED, Phase.FAILED)
 
     def attach(self) -> None:
         self.subscribers += 1
@@ -221,61 +229,78 @@ class SharedWatch:
 
     def start(self) -> None:
         self._task = asyncio.create_task(
-            self._run(), name=f"watchproxy-watch {self.key.collection_path}"
+            self._run(Start()), name=f"watchproxy-watch {self.key.collection_path}"
         )
 
     async def close(self) -> None:
         """Stop the upstream watch and wake every subscriber so that it ends its stream."""
-        self.machine.handle(Stop())
+        self._closing = True
         for task in (self._task, self._linger):
             if task is not None:
-                task.cancel()
+                task.cancel()  # the loop feeds its machine Stop
         for task in (self._task, self._linger):
             if task is not None:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         self._task = self._linger = None
+        if self.machine.phase is not Phase.STOPPED:
+            # Never started, or cancelled before it first ran: the loop still does the stop.
+            await self._run(Stop())
         self.cache.detach()
         self._synced.set()
         self._notify()
 
     # ---- the driver -----------------------------------------------------------------------
 
-    async def _run(self) -> None:
-        crash: str | None = None
-        try:
-            await self._drive()
-        except Exception as error:
-            # A bug, not an upstream failure (those are outcomes): log it with its traceback
-            # and end the key, so that its clients re-watch onto a fresh one.
-            log.exception("shared watch %s: unexpected error", self.key.collection_path)
-            crash = type(error).__name__
-        if crash is not None:
-            self.machine.handle(Stop())
+    async def _run(self, first: Start | Stop) -> None:
+        """The machine's one loop: feed it an outcome, perform the action it answers, repeat.
+
+        Ends with the machine stopped: by ``close()`` (a cancel, fed to the machine as Stop,
+        then re-raised) or by a bug, which is logged with its traceback and ends the key so
+        that its clients re-watch onto a fresh one.
+        """
+        outcome: Outcome = first
+        watch: WatchOutcomes | None = None  # the upstream watch being read, if one is
+        cancelled = crashed = False
+        while True:
+            try:
+                step = self.machine.handle(outcome)
+                del outcome  # a Listed holds the whole list: not kept while the watch runs
+                self._took(step)
+                action = step.action
+                if watch is not None:
+                    if isinstance(action, ReadOn):
+                        outcome = await watch.asend(action.deadline)
+                        continue
+                    reading, watch = watch, None
+                    await reading.aclose()  # the machine is done with it: close it now
+                if isinstance(action, Halt):
+                    break
+                if isinstance(action, OpenWatch):
+                    watch = self.fetcher.watch(action)
+                    outcome = await anext(watch)
+                else:
+                    outcome = await self._perform(action)
+            except asyncio.CancelledError:
+                # From close(). A watch being read has ended with it, and what remains is
+                # not awaited here: the machine stops on the next turn.
+                if cancelled or crashed:
+                    raise
+                cancelled, outcome = True, Stop()
+            except Exception:
+                if cancelled or crashed:
+                    raise
+                log.exception("shared watch %s: unexpected error", self.key.collection_path)
+                crashed, outcome = True, Stop()
+        if crashed:
             self._synced.set()
             self._notify()
             if self.on_idle is not None:
                 self.on_idle(self)
+        if cancelled:
+            raise asyncio.CancelledError
 
-    async def _drive(self) -> None:
-        step = self.machine.handle(Start())
-        while True:
-            self._took(step)
-            action = step.action
-            if isinstance(action, OpenWatch):
-                step = await self.fetcher.watch(action)
-            elif isinstance(action, Fail):
-                self._fail(action.refusal, of_list=action.of_list)
-                return
-            elif isinstance(action, OpenList | Sleep | WaitForUpstream):
-                # No local keeps the outcome: a Listed one holds the whole list's objects
-                # (1 MB of references and sizes for 10,000 pods), which would then live on
-                # for as long as the watch that follows.
-                step = self.machine.handle(await self._outcome(action))
-            else:  # Halt
-                return
-
-    async def _outcome(self, action: OpenList | Sleep | WaitForUpstream) -> Outcome:
+    async def _perform(self, action: OpenList | Sleep | WaitForUpstream | Fail | ReadOn) -> Outcome:
         if isinstance(action, OpenList):
             return await self.fetcher.list(action)
         if isinstance(action, Sleep):
@@ -284,8 +309,13 @@ class SharedWatch:
             await asyncio.sleep(delay)
             self.metrics.backoff_seconds.inc(delay)
             return Elapsed(down=self.health.down)
-        await self.health.wait_up()
-        return UpstreamBack()
+        if isinstance(action, WaitForUpstream):
+            await self.health.wait_up()
+            return UpstreamBack()
+        if isinstance(action, Fail):
+            self._fail(action)
+            return await _until_cancelled()
+        raise AssertionError(f"{action} while no upstream watch is open")
 
     def _took(self, step: Step) -> None:
         """Bookkeeping for every step the machine takes: wake, log, count."""
@@ -305,19 +335,22 @@ class SharedWatch:
                 self.cache.resource_version_str,
             )
         action = step.action
-        if isinstance(action, OpenList | OpenWatch):
+        if isinstance(action, _OPENS):
             self.upstream_attempts += 1
             self.metrics.watch_upstream_opens.inc()
             if isinstance(action, OpenList) and action.relist:
                 self.metrics.relists.inc()
-        if isinstance(action, Sleep | WaitForUpstream | OpenList) or "Silent" in step.note:
-            # Outages, relists and dead watches are worth a line; routine re-watches are not.
-            log.info("shared watch %s: %s", self.key.collection_path, step.note)
+        if step.move is not None and step.move.logged:
+            log.info("shared watch %s: %s", self.key.collection_path, step.move.label)
 
-    def _fail(self, refusal: Refused, *, of_list: bool) -> None:
-        self.failure = UpstreamRefused(
-            refusal.status, refusal.body, refusal.content_type, of_list=of_list
-        )
+    def _fail(self, fail: Fail) -> None:
+        refusal = fail.refusal
+        if isinstance(refusal, Refused):
+            self.failure = UpstreamRefused(
+                refusal.status, refusal.body, refusal.content_type, of_list=fail.of_list
+            )
+        else:
+            self.failure = KeyNotShared(refusal.reason)
         self._synced.set()
         self._notify()
         if self.on_idle is not None:

@@ -11,10 +11,10 @@ Relist without breaking streams: a later :meth:`WatchCache.replace` (after an up
 appends the diff: ADDED/MODIFIED in ascending order of their own RV, then DELETED for objects
 gone, with their last known state at the list's RV ``L`` (the first RV at which each is known
 gone; last, so that no client's RVs go backwards). A client holding ``L`` has had the whole
-group, and a resume at ``L`` gets what came after it. Mechanism of the old duplicates: the group
-was replayed to every resume at ``L`` (in case the client had stopped inside it), so a client
-re-watching at ``L`` before anything newer arrived (after a bookmark at ``L``, or on a timer)
-got it again each time. ``L`` can be trusted because the hub never ends a stream inside a group
+group, and a resume at ``L`` gets what came after it. Replaying the group to every resume at
+``L`` (in case the client had stopped inside it) would hand it again to each client that
+re-watches at ``L`` before anything newer arrives (after a bookmark at ``L``, or on a timer).
+``L`` can be trusted because the hub never ends a stream inside a group
 by itself: the subscriber writes the rest first or, when it cannot, ends with the 410 line
 (``CachedEvent.ends_group`` marks a group's last event); only a client that breaks its own
 stream inside one can hold ``L`` without all of it (``watchproxy_relist_group_cuts_total``).
@@ -27,7 +27,7 @@ read part of the diff. :meth:`WatchCache.plan` answers such an RV ``expired`` (t
 410 for ``R`` made it ambiguous; passing it through could lose deletes silently), and
 :meth:`WatchCache.events_from` ends a subscriber that joined ahead of the cache at such an RV.
 
-The window starts where the clients need it (issue 18): the first :meth:`WatchCache.replace` may
+The window starts where the clients need it: the first :meth:`WatchCache.replace` may
 be given a ``floor``, and the events replayed from it up to the list RV ("backfill") enter the
 history only (see ``window`` for the mechanism and the backfill cutoff).
 
@@ -72,9 +72,11 @@ class WatchCache:
     with ``rv > N`` for ``N >= oldest_resumable_rv`` is retained, so a client at ``N`` that
     replays them (see :meth:`plan`) reaches the current state; events at or below the stream
     RV are never appended twice; an RV the history cannot serve is never answered with a
-    made-up 410 (``outside_window``); the history holds at most ``capacity`` events and, once
-    :meth:`apply` or :meth:`evict_expired` ran, none older than ``max_age``. No I/O, no
-    locking.
+    made-up 410 (``outside_window``); the history holds at most ``capacity`` events and, right
+    after each :meth:`apply` or :meth:`replace`, none older than ``max_age``. A quiet history
+    is kept however old, as the apiserver's watch cache keeps its own: it costs no more memory
+    with time (the byte budget bounds it anyway), and every event it holds is still a correct
+    answer to a resume. No I/O, no locking.
     """
 
     def __init__(
@@ -275,10 +277,6 @@ class WatchCache:
         assert self._rv is not None and self._rv_str is not None
         self._window.cut(self._ring.next_seq, self._rv, line)
         self._stream = (self._rv, self._rv_str)
-
-    def evict_expired(self) -> int:
-        """Drop events older than ``max_age``; returns how many were dropped."""
-        return self._ring.evict(self._clock())
 
     # --- serving ------------------------------------------------------------------------
 

@@ -5,10 +5,10 @@ rule exists): the oldest resumable RV, the relist gaps (RVs a relist made ambigu
 backfill cutoffs (subscribers that started below an RV the apiserver refused to replay).
 Pure and small; the cache calls it, nothing else does.
 
-The window starts where the clients need it (issue 18). Mechanism of the old spurious 410s: the
-first list set the oldest resumable RV to its own RV, so a client one change older (an informer
-that had just LISTed, a client resuming after a restart) got a 410 the apiserver would not have
-given. Now the first :meth:`WatchCache.replace` may be given a ``floor`` (the oldest RV a
+The window starts where the clients need it. Were the oldest resumable RV the first list's own
+RV, a client one change older (an informer that had just LISTed, a client resuming after a
+restart) would get a 410 the apiserver would not have given. So the first
+:meth:`WatchCache.replace` may be given a ``floor`` (the oldest RV a
 waiting client asked for): the upstream watch opens from it, and the events it replays up to
 the list RV ("backfill") enter the history only. ``resource_version`` (what the state reflects)
 and ``stream_resource_version`` (up to where the history is complete: the upstream watch

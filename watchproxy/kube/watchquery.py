@@ -22,6 +22,12 @@ ResourceVersionMatch = Literal["", "NotOlderThan", "Exact"]
 _Selector = TypeVar("_Selector", LabelSelector, FieldSelector)
 IncludeObject = Literal["None", "Object", "Metadata"]
 
+# A watch that ends sooner than this with nothing in it, unasked, ended at once: its client
+# cannot tell it from an error and re-watches immediately (client-go counts it as one). The
+# server counts such client watches against the errored-watch budget; the hub backs off from
+# such upstream watches instead of re-opening them in a loop.
+QUICK_END_SECONDS = 1.0
+
 _UINT64_MAX = 2**64 - 1
 _INT64_MAX = 2**63 - 1
 _DECIMAL_RE = re.compile(r"[0-9]+", re.ASCII)

@@ -18,7 +18,7 @@ from aiohttp import web
 from watchproxy.errors import BadRequest, ProxyError, TooManyRequests, UpstreamUnavailable
 from watchproxy.kube.apipath import ApiPath, parse_api_path
 from watchproxy.kube.headers import impersonates
-from watchproxy.kube.watchquery import WatchQuery, parse_watch_query
+from watchproxy.kube.watchquery import QUICK_END_SECONDS, WatchQuery, parse_watch_query
 from watchproxy.metrics import Metrics
 from watchproxy.policy.access import (
     AccessPolicy,
@@ -43,9 +43,6 @@ UPGRADE_SUBRESOURCES = frozenset({"exec", "attach", "portforward"})
 STREAM = web.RequestKey("watchproxy_stream", bool)
 _METHOD_VERBS = {"HEAD": "get", "POST": "create", "PUT": "update", "PATCH": "patch"}
 
-# A watch that ends sooner than this (and was not asked to) counts as ended in an error: the
-# client sees no difference between it and an in-stream ERROR, and re-watches at once.
-QUICK_END_SECONDS = 1.0
 # A client over its errored-watch budget is held this long at most, then told 429.
 MAX_ERROR_HOLD_SECONDS = 5.0
 # Set on a watch request: its errored-watch key, and whether it asked for a short timeout.

@@ -19,13 +19,13 @@ from yarl import URL
 
 from watchproxy.config import UpstreamConfig
 from watchproxy.errors import ProxyError, TooManyRequests, UpstreamTimeout, UpstreamUnavailable
-from watchproxy.kube.credentials import UpstreamTarget
 from watchproxy.metrics import Metrics
 from watchproxy.policy.adaptive import Outcome
 from watchproxy.policy.ratelimit import UpstreamLimiter, parse_retry_after
 from watchproxy.upstream.bodies import LineTooLong, read_frames, read_lines
 from watchproxy.upstream.connectivity import Connectivity, ProbeFailed
 from watchproxy.upstream.connector import PROBING, SerialConnector, UpstreamDown
+from watchproxy.upstream.credentials import UpstreamTarget
 from watchproxy.upstream.upgrade import BadAnswer, DialFailed, UpgradeAnswer, open_upgrade
 
 # read_lines, read_frames and LineTooLong live in upstream.bodies; named here for their callers.

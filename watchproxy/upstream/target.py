@@ -4,7 +4,7 @@ An :class:`UpstreamTarget` gives each request its ``Authorization`` header: a be
 :class:`TokenSource`), basic auth, or an exec plugin's credential (which may also bring a client
 certificate). Token files are re-read periodically because projected ServiceAccount tokens
 rotate; the last good token is kept when a read fails, and a 401 forces an early re-read.
-Building a target from the pod or a kubeconfig: :mod:`watchproxy.kube.credentials`.
+Building a target from the pod or a kubeconfig: :mod:`watchproxy.upstream.credentials`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from watchproxy.kube.execplugin import ExecCredentialSource, ExecPluginError
+from watchproxy.upstream.execplugin import ExecCredentialSource, ExecPluginError
 
 log = logging.getLogger("watchproxy.credentials")
 

@@ -1,7 +1,7 @@
 """Where the apiserver is and how to authenticate to it: in-cluster or from a kubeconfig.
 
 Builds an :class:`UpstreamTarget` (server URL, TLS context, credential source; defined with
-its token rotation in :mod:`watchproxy.kube.upstreamtarget`, and importable from here too).
+its token rotation in :mod:`watchproxy.upstream.target`, and importable from here too).
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from typing import Any
 
 import yaml
 
-from watchproxy.kube.execplugin import (
+from watchproxy.upstream.execplugin import (
     ExecCredentialSource,
     ExecPluginError,
     parse_exec_spec,
 )
-from watchproxy.kube.upstreamtarget import CredentialsError, TokenSource, UpstreamTarget
+from watchproxy.upstream.target import CredentialsError, TokenSource, UpstreamTarget
 
 __all__ = [
     "SERVICE_ACCOUNT_DIR",
