@@ -58,6 +58,7 @@ def build_app(ctx: ServerContext) -> web.Application:
             "X-Kubernetes-Pf-Flowschema-Uid": "00000000-0000-4000-8000-000000000001",
             "X-Kubernetes-Pf-Prioritylevel-Uid": "00000000-0000-4000-8000-000000000002",
         }
+        ctx.stats.request_started()
         try:
             outage = ctx.faults.outage_error()
             if outage is not None:
@@ -86,6 +87,8 @@ def build_app(ctx: ServerContext) -> web.Application:
             too_large = ApiError("the request body is too large")
             too_large.code, too_large.reason = 413, "RequestEntityTooLarge"
             return status_response(request, too_large)
+        finally:
+            ctx.stats.request_finished()
 
     async def health(request: web.Request) -> web.Response:
         return web.Response(text="ok", content_type="text/plain")

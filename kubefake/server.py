@@ -33,6 +33,7 @@ class FakeApiServer:
         port: int = 0,
         history_size: int = 1000,
         bookmark_interval: float = 1.0,
+        log_interval: float = 0.2,
     ) -> None:
         self.host = host
         self.port = port
@@ -40,7 +41,9 @@ class FakeApiServer:
         self.store = Store(history_size)
         self.stats = Stats()
         self.faults = Faults(self, self.stats)
-        self._ctx = ServerContext(self.store, self.faults, self.stats, token, bookmark_interval)
+        self._ctx = ServerContext(
+            self.store, self.faults, self.stats, token, bookmark_interval, log_interval=log_interval
+        )
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self._ssl: ssl.SSLContext | None = None
         self._runner: web.AppRunner | None = None

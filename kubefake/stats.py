@@ -24,6 +24,8 @@ class Stats:
 
     requests: list[RequestRecord] = field(default_factory=list)
     active_watches: int = 0
+    # Requests whose handler is still running (watches, log follows and exec sessions too).
+    in_flight: int = 0
     outage_connection_attempts: int = 0
     watch_paths: list[str] = field(default_factory=list)
     _waiters: list[tuple[Callable[[Stats], bool], asyncio.Future[None]]] = field(
@@ -43,6 +45,14 @@ class Stats:
 
     def record_request(self, record: RequestRecord) -> None:
         self.requests.append(record)
+        self.changed()
+
+    def request_started(self) -> None:
+        self.in_flight += 1
+        self.changed()
+
+    def request_finished(self) -> None:
+        self.in_flight -= 1
         self.changed()
 
     def watch_opened(self, path: str) -> None:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from typing import Any
 
 import pytest
 import uvloop
@@ -19,6 +20,11 @@ import uvloop
 from kubefake import FakeApiServer
 
 TIERS = ("unit", "component", "e2e", "fakeapi", "deploy", "realapi")
+# A failed comparison of longer sequences is explained in this many items a side: with CI=true
+# pytest truncates no explanation, and its diff of two lists prints every item (a client's
+# 200,000 lines were a 200,000-line failure).
+SHOWN_ITEMS = 20
+SHOWN_CHARS = 300
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -26,6 +32,29 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         tier = item.path.parent.name
         if tier in TIERS:
             item.add_marker(getattr(pytest.mark, tier))
+
+
+def pytest_assertrepr_compare(op: str, left: Any, right: Any) -> list[str] | None:
+    """A bounded explanation of ``left == right`` for long sequences (None: pytest's own)."""
+    if op != "==" or not all(_is_long_sequence(side) for side in (left, right)):
+        return None
+    if len(left) + len(right) <= 2 * SHOWN_ITEMS:
+        return None
+    first = next(
+        (i for i, (a, b) in enumerate(zip(left, right, strict=False)) if a != b),
+        min(len(left), len(right)),
+    )
+    lines = [
+        f"sequences of {len(left)} and {len(right)} items differ; first at index {first}:",
+    ]
+    for name, side in (("left", left), ("right", right)):
+        lines.append(f"{name}[{first}:{first + SHOWN_ITEMS}]:")
+        lines += [f"  {item!r}"[:SHOWN_CHARS] for item in side[first : first + SHOWN_ITEMS]]
+    return lines
+
+
+def _is_long_sequence(value: object) -> bool:
+    return isinstance(value, Sequence) and not isinstance(value, str | bytes | bytearray)
 
 
 def pytest_asyncio_loop_factories() -> dict[str, Callable[[], asyncio.AbstractEventLoop]]:

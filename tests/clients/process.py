@@ -1,4 +1,11 @@
-"""Run one real client program that prints a JSON line per event it receives."""
+"""Run one real client program that prints a JSON line per event it receives.
+
+What a client prints is bounded, and a client known to be broken fails its test at once: a
+client in a loop it cannot leave (kube-rs without back-off whose HTTP stack has died answers
+every poll with the same error at once, hundreds of thousands of lines a minute) is stopped
+after ``BROKEN_AFTER_ERRORS`` error lines in a row, or ``MAX_LINES`` lines in all, and every
+wait on it then raises with a report of a few lines.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +20,24 @@ from types import TracebackType
 from typing import Any
 
 Line = dict[str, Any]
+
+# The line types the client programs print for an error (kube-rs and client-node: ERROR;
+# the Go programs also WATCH_ERROR).
+ERROR_TYPES = frozenset({"ERROR", "WATCH_ERROR"})
+# A client that recovers prints a few errors and then events again; one that prints this many
+# errors and nothing else is in a loop it cannot leave.
+BROKEN_AFTER_ERRORS = 1000
+# Lines kept in memory; a test's clients print a few thousand at most.
+MAX_LINES = 100_000
+# How much of one line a report shows.
+LINE_CHARS = 300
+
+
+def bounded(items: Sequence[object], *, limit: int = 20) -> str:
+    """``items`` as text of at most ``limit`` lines (each cut to LINE_CHARS), and how many."""
+    shown = [str(item)[:LINE_CHARS] for item in items[:limit]]
+    more = f"\n... and {len(items) - limit} more" if len(items) > limit else ""
+    return f"{len(items)} item(s):\n" + "\n".join(shown) + more
 
 
 class ClientProcess:
@@ -32,6 +57,11 @@ class ClientProcess:
         self.log_path = log_path
         self.lines: list[Line] = []
         self.returncode: int | None = None
+        # Why the client was stopped as broken (None: it was not), and its first error line.
+        self.broken: str | None = None
+        self.first_error: Line | None = None
+        self.errors_in_a_row = 0
+        self.dropped = 0  # lines read after it was stopped as broken
         self._process: asyncio.subprocess.Process | None = None
         self._reader: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
@@ -55,12 +85,37 @@ class ClientProcess:
         assert self._process is not None and self._process.stdout is not None
         try:
             async for raw in self._process.stdout:
-                if raw.strip():
-                    self.lines.append(json.loads(raw))
-                    self._changed.set()
+                if not raw.strip():
+                    continue
+                if self.broken is not None:
+                    self.dropped += 1  # read to the end so that the process is not blocked
+                    continue
+                line = json.loads(raw)
+                self.lines.append(line)
+                self._note(line)
+                self._changed.set()
         finally:
             self._eof = True
             self._changed.set()
+
+    def _note(self, line: Line) -> None:
+        if line.get("type") in ERROR_TYPES:
+            self.errors_in_a_row += 1
+            if self.first_error is None:
+                self.first_error = line
+        else:
+            self.errors_in_a_row = 0
+        if self.errors_in_a_row >= BROKEN_AFTER_ERRORS:
+            self._give_up(f"{self.errors_in_a_row} error lines in a row")
+        elif len(self.lines) >= MAX_LINES:
+            self._give_up(f"more than {MAX_LINES} lines")
+
+    def _give_up(self, why: str) -> None:
+        """Known broken: stop it now (its test fails at its next wait)."""
+        self.broken = why
+        process = self._process
+        if process is not None and process.returncode is None:
+            process.send_signal(signal.SIGTERM)
 
     async def wait_until(
         self, predicate: Callable[[list[Line]], bool], *, timeout: float = 10.0, what: str
@@ -70,6 +125,10 @@ class ClientProcess:
         try:
             async with asyncio.timeout(timeout):
                 while not predicate(self.lines):
+                    if self.broken is not None:
+                        raise AssertionError(
+                            f"{self.name} is broken ({self.broken}) before {what}\n{self.report()}"
+                        )
                     if self._eof:
                         raise AssertionError(f"{self.name} exited before {what}\n{self.report()}")
                     self._changed.clear()
@@ -105,13 +164,22 @@ class ClientProcess:
             return ""
         return text[-limit:]
 
-    def report(self, last: int = 15) -> str:
-        """The client's last lines and stderr, for assertion messages."""
-        shown = "\n".join(json.dumps(line) for line in self.lines[-last:])
-        return (
-            f"--- last {last} of {len(self.lines)} lines of {self.name}:\n{shown}\n"
-            f"--- stderr of {self.name}:\n{self.stderr_tail()}"
-        )
+    def report(self, problems: Sequence[object] = (), *, last: int = 15) -> str:
+        """For assertion messages, bounded whatever the client printed: ``problems`` (the first
+        few), whether it was stopped as broken, its first error, its last lines, its stderr."""
+        parts = []
+        if problems:
+            parts.append(f"--- problems: {bounded(problems)}")
+        if self.broken is not None:
+            parts.append(
+                f"--- stopped as broken: {self.broken} ({self.dropped} later lines not kept)"
+            )
+        if self.first_error is not None:
+            parts.append(f"--- first error: {json.dumps(self.first_error)[:LINE_CHARS]}")
+        shown = "\n".join(json.dumps(line)[:LINE_CHARS] for line in self.lines[-last:])
+        parts.append(f"--- last {last} of {len(self.lines)} lines of {self.name}:\n{shown}")
+        parts.append(f"--- stderr of {self.name}:\n{self.stderr_tail()}")
+        return "\n".join(parts)
 
     async def __aenter__(self) -> ClientProcess:
         await self.start()

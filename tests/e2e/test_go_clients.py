@@ -19,7 +19,7 @@ import pytest
 
 from kubefake import Churner, FakeApiServer, Stats
 from kubefake.selectors import Filter, LabelSelector
-from tests.clients.process import ClientProcess, running_client
+from tests.clients.process import ClientProcess, bounded, running_client
 from tests.clients.streams import (
     ChangeLog,
     Event,
@@ -174,10 +174,10 @@ def check_exact(client: ClientProcess, start: Start, expected: Sequence[Event]) 
     """The client saw exactly ``expected`` after ``start``, in order, and nothing else."""
     received = events(client.lines[start.index :])
     assert received == list(expected), diff_report(expected, received) + "\n" + client.report()
-    assert not order_problems(received), order_problems(received)
-    assert not bookmark_problems(client.lines), bookmark_problems(client.lines)
+    assert not (problems := order_problems(received)), client.report(problems)
+    assert not (problems := bookmark_problems(client.lines)), client.report(problems)
     unexpected = markers(client.lines, "ERROR", "WATCH_ERROR", "RELIST")
-    assert not unexpected, f"{unexpected}\n{client.report()}"
+    assert not unexpected, client.report(unexpected)
 
 
 def proxy_requests(s: Scenario, verb: str) -> float:
@@ -485,9 +485,9 @@ def check_bridged(
         diff_report(changed, [e for e in middle if e.type != "DELETED"]) + report
     )
     deleted = [e for e in middle if e.type == "DELETED"]
-    assert sorted(e.name for e in deleted) == sorted(gone), (deleted, gone, report)
+    assert sorted(e.name for e in deleted) == sorted(gone), (bounded(deleted), gone, report)
     assert all(gap_rvs[0] < e.rv <= gap_rvs[1] for e in deleted), (deleted, gap_rvs)
-    assert not order_problems(received), order_problems(received)
-    assert not bookmark_problems(client.lines), bookmark_problems(client.lines)
+    assert not (problems := order_problems(received)), client.report(problems)
+    assert not (problems := bookmark_problems(client.lines)), client.report(problems)
     unexpected = markers(client.lines, "ERROR", "WATCH_ERROR", "RELIST", "SYNC")
-    assert not unexpected, f"{unexpected}{report}"
+    assert not unexpected, client.report(unexpected, last=40)

@@ -184,7 +184,7 @@ async def test_client_sees_every_change_once_in_order(
         some_changes(run, "a")
         await caught_up(client, log)
     assert not errors(client.lines), client.report()
-    assert check(kind, client.lines, log) == [], client.report()
+    assert not (problems := check(kind, client.lines, log)), client.report(problems)
 
 
 @pytest.mark.parametrize("kind", CLIENTS)
@@ -205,7 +205,7 @@ async def test_client_sees_every_change_across_an_outage(
     # watchproxy held the client's stream open: the client never saw the outage.
     assert not errors(client.lines), client.report()
     assert inits(client.lines) <= 1, client.report()
-    assert check(kind, client.lines, log) == [], client.report()
+    assert not (problems := check(kind, client.lines, log)), client.report(problems)
 
 
 @pytest.mark.parametrize("kind", CLIENTS)
@@ -233,7 +233,7 @@ async def test_client_sees_every_change_across_a_compaction(
     assert relists >= 1, run.proxy.debug_watches()
     assert not errors(client.lines), client.report()
     assert inits(client.lines) <= 1, client.report()
-    assert check(kind, client.lines, log) == [], client.report()
+    assert not (problems := check(kind, client.lines, log)), client.report(problems)
 
 
 async def test_kubers_direct_without_backoff_relists_nothing_after_a_cut(
@@ -248,7 +248,7 @@ async def test_kubers_direct_without_backoff_relists_nothing_after_a_cut(
         run.fake.faults.cut_watches()
         some_changes(run, "after")
         await caught_up(client, log)
-    assert check("kube-rs", client.lines, log) == [], client.report()
+    assert not (problems := check("kube-rs", client.lines, log)), client.report(problems)
     assert inits(client.lines) == 1, client.report()
 
 
@@ -295,6 +295,6 @@ async def test_kubers_lists_in_pages_from_the_hub(kubewatch: Path, tmp_path: Pat
     init_applies = sum(1 for line in client.lines if line["type"] == "InitApply")
     assert not errors(client.lines), client.report()
     assert inits(client.lines) == 1, client.report()
-    assert check("kube-rs", client.lines, log) == [], client.report()
+    assert not (problems := check("kube-rs", client.lines, log)), client.report(problems)
     assert init_applies >= 25 and pages == (init_applies + 9) // 10 - 1, (init_applies, pages)
     assert continued == []

@@ -28,7 +28,7 @@ from tests.clients.build import ToolchainMissing, build_watchclient
 from tests.clients.build_rust_node import ToolchainMissing as RustNodeMissing
 from tests.clients.build_rust_node import build_kubewatch, on_ci, prepare_informer
 from tests.clients.expect import ChangeLog, check_informer, check_kubers, kubers_state
-from tests.clients.process import ClientProcess, Line
+from tests.clients.process import ClientProcess, Line, bounded
 from tests.clients.streams import Event, client_state, diff_report, events, markers
 from tests.e2e.test_rust_node_clients import node_kubeconfig
 from tests.harness import RunningProxy, proxy_for_upstream, wait_for
@@ -351,7 +351,7 @@ async def across_an_outage(
             received = events(client.lines)
             problems[name] = [] if received == wanted else [diff_report(wanted, received)]
         problems[name] += [str(m) for m in markers(client.lines, "ERROR", "RELIST")]
-    report = "\n".join(f"{k}: {'; '.join(v)}" for k, v in problems.items() if v)
+    report = "\n".join(f"{k}: {bounded(v, limit=10)}" for k, v in problems.items() if v)
     assert not report, report
     assert relists >= 1 if until_compacted else relists == 0
 

@@ -30,6 +30,7 @@ from watchproxy.policy.access import (
 )
 from watchproxy.policy.clientlimits import ErroredWatchLimiter
 from watchproxy.policy.fairqueue import flow
+from watchproxy.server.clientgone import CLIENT_CLOSED_REQUEST, STARTED, EndsWithClient
 from watchproxy.server.consistentlist import ConsistentLists
 from watchproxy.server.listbatch import ListBatcher
 from watchproxy.server.listener import ConnectionGuard
@@ -41,6 +42,7 @@ log = logging.getLogger("watchproxy.server")
 UPGRADE_SUBRESOURCES = frozenset({"exec", "attach", "portforward"})
 # Set by the handler once it knows whether the answer is a stream (for the duration metrics).
 STREAM = web.RequestKey("watchproxy_stream", bool)
+VERB = web.RequestKey("watchproxy_verb", str)
 _METHOD_VERBS = {"HEAD": "get", "POST": "create", "PUT": "update", "PATCH": "patch"}
 
 # A client over its errored-watch budget is held this long at most, then told 429.
@@ -159,11 +161,16 @@ class ApiHandler:
         kind = "request"
         gauge = self.metrics.in_flight.labels(kind)
         gauge.inc()
+        lost = None
         if self.guard is not None:
             self.guard.request_started(request.transport)
-        response: web.StreamResponse
+            lost = self.guard.lost_signal(request.transport)
+        response: web.StreamResponse | None = None
+        verb: str | None = None
         try:
-            verb, response = await self._handle(request)
+            # Whatever the request waits on upstream ends when its client's connection does.
+            with EndsWithClient(lost) as scope:
+                verb, response = await self._handle(request)
         except ProxyError as error:
             if isinstance(error, HostNotAllowed):
                 self.metrics.rejected.labels("host").inc()
@@ -174,10 +181,17 @@ class ApiHandler:
             gauge.dec()
             if self.guard is not None:
                 self.guard.request_finished(request.transport)
+        finished = self._clock()
+        if scope.client_left:
+            # Nobody reads this answer: it is for the metrics (the status the client saw, if
+            # any). Leaving is the client's choice, not a watch that failed.
+            verb = request.get(VERB) or refused_verb(request)
+            response = request.get(STARTED) or web.Response(status=CLIENT_CLOSED_REQUEST)
+        else:
+            assert response is not None and verb is not None
+            self._count_errored_watch(request, response, finished - started)
         if self.draining:
             response.force_close()
-        finished = self._clock()
-        self._count_errored_watch(request, response, finished - started)
         stream = request.get(STREAM, False) or response.status == 101
         self.metrics.request_done(verb, response.status, finished - started, stream=stream)
         return response
@@ -240,6 +254,7 @@ class ApiHandler:
             query = parse_watch_query(request.rel_url.query)
         watch = bool(query and query.watch)
         verb = verb_of(request.method, api_path, watch)
+        request[VERB] = verb
         try:
             # The apiserver serves "x/" as "x": so must every rule written for "x" apply to it.
             self.policy.check(

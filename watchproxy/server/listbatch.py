@@ -12,7 +12,9 @@ Only first pages are batched (a ``continue`` token is one client's), and only an
 ``max_bytes``: a batch whose answer is larger hands every member back to the ordinary
 pass-through, each with its own request. A batch that gets no answer (refused by the rate
 limiter, the apiserver unreachable, the body cut) fails every member with that error, as the
-pass-through would have: nothing is retried behind the client's back.
+pass-through would have: nothing is retried behind the client's back. A batch whose members have
+all left (their clients closed their connections) is dropped, and its upstream request ended,
+as a pass-through LIST would have been.
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ class Batch:
     forwarded_auth: str | None
     answer: asyncio.Future[Answer | ProxyError | None]
     counted_in: Counter | None  # the metric that counts this batch's upstream request
+    members: int = 0  # requests waiting for the answer
+    fetch: asyncio.Task[None] | None = None  # its upstream request, once sent
 
 
 @dataclass(slots=True)
@@ -123,13 +127,29 @@ class ListBatcher:
                 self._send(key, state, batch)
             else:
                 state.waiting = batch
-        return await asyncio.shield(batch.answer)
+        batch.members += 1
+        try:
+            return await asyncio.shield(batch.answer)
+        finally:
+            batch.members -= 1
+            if batch.members == 0 and not batch.answer.done():
+                self._abandon(key, state, batch)
+
+    def _abandon(self, key: Key, state: _KeyState, batch: Batch) -> None:
+        """Nobody waits for ``batch`` any more: it is not sent, or its request is ended."""
+        if state.waiting is batch:
+            state.waiting = None
+            if state.in_flight is None and self._keys.get(key) is state:
+                del self._keys[key]
+        elif batch.fetch is not None:
+            batch.fetch.cancel()  # _fetch then sends the next batch, if one waits
 
     def _send(self, key: Key, state: _KeyState, batch: Batch) -> None:
         state.in_flight = batch
         if batch.counted_in is not None:
             batch.counted_in.inc()
         task = asyncio.create_task(self._fetch(key, state, batch), name="watchproxy-list-batch")
+        batch.fetch = task
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

@@ -13,6 +13,9 @@ list, a watch stream, an exec relay) or ``idle`` (keep-alive between requests).
   are never shed; only when every connection is active does the new one get a 503 Status.
   An idle-connection flood thus costs the proxy at most ``max_connections`` connections and
   cannot lock anyone out.
+- Each connection's loss is a future (:meth:`ConnectionGuard.lost_signal`) that resolves when
+  the loop reports the connection lost: the signal on which a request's work ends with its
+  client (see ``clientgone``).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from aiohttp.web_protocol import RequestHandler
 
 from watchproxy.errors import status_bytes
 from watchproxy.metrics import Metrics
+from watchproxy.server.clientgone import already_lost
 
 log = logging.getLogger("watchproxy.listener")
 
@@ -104,6 +108,14 @@ class ConnectionGuard:
             if new in self._sheddable:
                 self._sheddable[new][protocol] = None
         self.open += (new is not None) - (old is not None)
+
+    def lost_signal(self, transport: Any) -> asyncio.Future[None]:
+        """Resolves when the connection of ``transport`` is lost (already resolved if it is).
+
+        aiohttp sets a request's transport to None when its connection is lost, and the guard
+        forgets a connection at the same moment: either way the client has gone."""
+        guarded = self.by_transport.get(transport) if transport is not None else None
+        return guarded.lost if guarded is not None else already_lost()
 
     def request_started(self, transport: Any) -> None:
         """Called by the handler once a request's headers have been parsed."""
@@ -199,6 +211,7 @@ class GuardedProtocol(asyncio.Protocol):
         self._state: State | None = None
         self._got_bytes = False
         self._shed = False
+        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         # Counted from here, not from connection_made: the loop may accept a whole batch of
         # connections (calling this factory for each) before any of them is "made".
         self._move("head")
@@ -226,6 +239,8 @@ class GuardedProtocol(asyncio.Protocol):
         if self._transport is not None:
             self._guard.by_transport.pop(self._transport, None)
         self._inner.connection_lost(exc)
+        if not self.lost.done():
+            self.lost.set_result(None)
 
     def data_received(self, data: bytes) -> None:
         if self._state == "idle":

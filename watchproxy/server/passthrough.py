@@ -11,6 +11,7 @@ from multidict import CIMultiDict
 
 from watchproxy.errors import PayloadTooLarge
 from watchproxy.kube.headers import forwarded_credential, request_headers, response_headers
+from watchproxy.server.clientgone import started
 from watchproxy.upstream.client import Upstream
 
 log = logging.getLogger("watchproxy.passthrough")
@@ -103,6 +104,7 @@ class Forwarder:
         if not keep_length and request.method != "HEAD":
             response.enable_chunked_encoding()
         await response.prepare(request)
+        started(request, response)
         chunks = upstream.content.iter_any()
         while True:
             try:

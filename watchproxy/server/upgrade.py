@@ -28,6 +28,7 @@ from multidict import CIMultiDict
 
 from watchproxy.errors import BadRequest
 from watchproxy.kube.headers import forwarded_credential, request_headers, response_headers
+from watchproxy.server.clientgone import started
 from watchproxy.upstream.client import Upstream
 from watchproxy.upstream.upgrade import UpgradeAnswer
 
@@ -165,6 +166,7 @@ class UpgradeRelay:
         response.force_close()
         writer = await response.prepare(request)
         assert writer is not None
+        started(request, response)
         pumps = [
             asyncio.create_task(_client_to_upstream(client, answer.writer)),
             asyncio.create_task(_upstream_to_client(answer.reader, writer)),

@@ -15,6 +15,7 @@ from aiohttp.abc import AbstractStreamWriter
 from watchproxy.hub.multiplexer import Hub, Refusal
 from watchproxy.kube.apipath import ApiPath
 from watchproxy.kube.watchquery import WatchQuery
+from watchproxy.server.clientgone import started
 
 
 def chunk(data: bytes) -> bytes:
@@ -106,6 +107,7 @@ class _Starter:
         response.headers["Cache-Control"] = "no-cache, private"
         self.response = response
         writer = await response.prepare(self._request)
+        started(self._request, response)
         if writer is None:  # pragma: no cover - prepare returns the writer it made
             raise ConnectionResetError("the watch response was not prepared")
         return ResponseSink(self._request, response, writer)
