@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import random
 import socket
 import struct
 from collections.abc import AsyncIterator
@@ -53,6 +54,7 @@ class Faults:
         self._forbidden: set[str] = set()
         self._max_in_flight: int | None = None
         self._service_seconds = 0.0
+        self._jitter: random.Random | None = None
         self.in_flight = 0  # API requests under limit_in_flight being served
         self.capacity_refusals = 0
 
@@ -115,13 +117,19 @@ class Faults:
         """While set, every API request gets 429 with ``Retry-After``; None clears it."""
         self._throttle = retry_after
 
-    def limit_in_flight(self, max_in_flight: int | None, service_seconds: float = 0.0) -> None:
+    def limit_in_flight(
+        self, max_in_flight: int | None, service_seconds: float = 0.0, *, jitter: bool = False
+    ) -> None:
         """Serve like an apiserver with ``--max-requests-inflight``: each API request that is not
         a watch takes ``service_seconds`` of (simulated) work, and one that finds
         ``max_in_flight`` such requests already in flight gets 429 with ``Retry-After: 1`` at
-        once (counted in ``capacity_refusals``). None lifts the limit."""
+        once (counted in ``capacity_refusals``). None lifts the limit. With ``jitter`` the work
+        takes 0.5 to 1.5 times ``service_seconds`` (seeded), as a real apiserver's varies: with
+        equal times, requests admitted together finish together, and the clients move in
+        lock-step batches no real server produces."""
         self._max_in_flight = max_in_flight
         self._service_seconds = service_seconds
+        self._jitter = random.Random(1) if jitter else None
 
     @contextlib.asynccontextmanager
     async def serving(self, *, long_running: bool) -> AsyncIterator[None]:
@@ -136,7 +144,8 @@ class Faults:
         self.in_flight += 1
         try:
             if self._service_seconds:
-                await asyncio.sleep(self._service_seconds)
+                scale = 1.0 if self._jitter is None else 0.5 + self._jitter.random()
+                await asyncio.sleep(self._service_seconds * scale)
             yield
         finally:
             self.in_flight -= 1

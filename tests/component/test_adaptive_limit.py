@@ -141,30 +141,30 @@ async def test_a_hot_loop_beside_a_calm_client_in_the_same_pod_gets_only_its_sha
     tmp_path: Any,
 ) -> None:
     """Two programs of one pod (same address, their own User-Agents) while the limit binds:
-    four upstream requests at once, each taking the apiserver 10 ms. The hot one keeps 32
+    eight upstream requests at once, each taking the apiserver 10-30 ms. The hot one keeps 32
     requests waiting; the calm one's p99 stays within twice what it is alone, because waiting
     requests are served in turn between the two, not in arrival order."""
     overrides = {
-        "ratelimit.adaptive_initial_limit": 4,
-        "ratelimit.adaptive_max_limit": 4,
+        "ratelimit.adaptive_initial_limit": 8,
+        "ratelimit.adaptive_max_limit": 8,
         "ratelimit.max_wait_seconds": 30,
     }
     async with running_proxy(tmp_path, overrides) as running:
         running.fake.store.create("configmaps", "default", configmap("c"))
-        running.fake.faults.limit_in_flight(1000, service_seconds=0.01)
+        running.fake.faults.limit_in_flight(1000, service_seconds=0.02, jitter=True)
         url = running.url + CONFIGMAPS + "/c"
         connector = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=connector) as session:
-            alone = await timed_gets(session, url, 60, "calm/1.0")
+            alone = await timed_gets(session, url, 200, "calm/1.0")
             # The hot loop is another process, as another program of the pod would be: one
             # User-Agent, 32 requests at once, as fast as it is answered.
             hot = await asyncio.create_subprocess_exec(
                 str(go_binary("gocontroller")), "-url", running.url, "-workers", "32",
-                "-seconds", "8", "-user-agent", "hot/1.0", stdout=asyncio.subprocess.PIPE,
+                "-seconds", "30", "-user-agent", "hot/1.0", stdout=asyncio.subprocess.PIPE,
             )  # fmt: skip
             try:
-                await wait_for(lambda: running.fake.faults.in_flight >= 4, what="hot load")
-                loaded = await timed_gets(session, url, 60, "calm/1.0")
+                await wait_for(lambda: running.fake.faults.in_flight >= 8, what="hot load")
+                loaded = await timed_gets(session, url, 200, "calm/1.0")
             finally:
                 hot.terminate()
                 await hot.wait()

@@ -693,6 +693,18 @@ def test_a_429_at_the_floor_closes_the_gate_for_everyone() -> None:
     assert limiter.retry_after_remaining() == 5.0
 
 
+def test_a_second_429_in_a_row_closes_the_gate_above_the_floor() -> None:
+    time = VirtualTime()
+    limiter = limiter_with(time, adaptive=AdaptiveLimit(AdaptiveSettings(initial=64)))
+    limiter.record(Outcome.THROTTLED, retry_after=1.0)
+    limiter.record(Outcome.OK, kind="get", latency=0.001)
+    limiter.record(Outcome.THROTTLED, retry_after=1.0)
+    assert limiter.retry_after_remaining() == 0.0  # each refusal came between successes
+    limiter.record(Outcome.THROTTLED, retry_after=1.0)
+    assert limiter.retry_after_remaining() == 1.0
+    assert limiter.concurrency_limit > 2
+
+
 def test_a_fixed_cap_below_the_adaptive_limit_wins() -> None:
     limiter = UpstreamLimiter(0.0, 1, 4, adaptive=AdaptiveLimit(AdaptiveSettings(initial=64)))
     assert limiter.concurrency_limit == 4

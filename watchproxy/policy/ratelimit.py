@@ -165,6 +165,7 @@ class UpstreamLimiter:
         self._busy = 0
         self.max_concurrent = max_concurrent
         self.adaptive = adaptive
+        self._refused_in_row = 0
         self.default_max_wait = max_wait
         self.in_flight = 0
         self.throttled_total = 0
@@ -242,17 +243,25 @@ class UpstreamLimiter:
         :meth:`AdaptiveLimit.record`); True when the limit moved.
 
         A ``retry_after`` (a 429's) closes the gate for every request only where cutting the
-        limit is no answer: without an adaptive limit, or when it already stood at its floor.
-        Above the floor the cut is the answer: a gate would stall every client for the
-        Retry-After each time the limit probes one request past what the apiserver takes (AIMD
-        finds the edge by crossing it now and then), while the refused client itself still
-        gets the 429 and its Retry-After.
+        limit is no answer: without an adaptive limit, when it already stood at its floor, or
+        when this is the second refusal in a row (no request succeeded in between: the
+        apiserver refuses everything, as a priority level whose seats are all held does).
+        A single refusal between successes is the limit probing one request past what the
+        apiserver takes (AIMD finds the edge by crossing it now and then): the cut answers it,
+        where a gate would stall every client for the Retry-After, while the refused client
+        itself still gets the 429 and its Retry-After.
         """
+        if outcome is Outcome.OK:
+            self._refused_in_row = 0
+        elif outcome is Outcome.THROTTLED:
+            self._refused_in_row += 1
         if self.adaptive is None:
             if retry_after is not None:
                 self.note_retry_after(retry_after)
             return False
-        if retry_after is not None and self.adaptive.limit <= self.adaptive.settings.minimum:
+        if retry_after is not None and (
+            self.adaptive.limit <= self.adaptive.settings.minimum or self._refused_in_row >= 2
+        ):
             self.note_retry_after(retry_after)
         limit = self.concurrency_limit
         # Binding: every slot taken (this request's own, if still held, counts) or requests
