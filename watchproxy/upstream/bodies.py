@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
-import aiohttp
+from collections.abc import AsyncIterable, AsyncIterator
 
 
-async def read_lines(response: aiohttp.ClientResponse, max_line: int) -> AsyncIterator[bytes]:
+async def read_lines(body: AsyncIterable[bytes], max_line: int) -> AsyncIterator[bytes]:
     """Yield ``\\n``-terminated lines of a watch body, of any size up to ``max_line``.
 
     aiohttp's own readline refuses long lines; one watch event can be several MiB.
     A final fragment without a newline is a truncated event and is not yielded.
     """
     buffer = bytearray()
-    async for chunk in response.content.iter_any():
+    async for chunk in body:
         start = 0
         while True:
             end = chunk.find(b"\n", start)
@@ -35,14 +33,14 @@ async def read_lines(response: aiohttp.ClientResponse, max_line: int) -> AsyncIt
             start = end + 1
 
 
-async def read_frames(response: aiohttp.ClientResponse, max_frame: int) -> AsyncIterator[bytes]:
+async def read_frames(body: AsyncIterable[bytes], max_frame: int) -> AsyncIterator[bytes]:
     """Yield the length-prefixed frames of a protobuf watch body, each with its prefix.
 
     The prefix is a 4-byte big-endian length; a frame over ``max_frame`` raises
     ``LineTooLong``. A truncated final frame is not yielded (as a truncated line is not).
     """
     buffer = bytearray()
-    async for chunk in response.content.iter_any():
+    async for chunk in body:
         buffer += chunk
         start = 0
         while len(buffer) - start >= 4:
