@@ -155,12 +155,13 @@ class ApiHandler:
         # its work loses nothing. Every answer then closes its connection, and the client
         # reconnects to the next instance.
         self.draining = False
+        # Every request in flight, read by its gauge at scrape time (no lock per request).
+        self.in_flight = 0
+        metrics.in_flight.labels("request").set_function(lambda: self.in_flight)
 
     async def __call__(self, request: web.Request) -> web.StreamResponse:
         started = self._clock()
-        kind = "request"
-        gauge = self.metrics.in_flight.labels(kind)
-        gauge.inc()
+        self.in_flight += 1
         lost = None
         if self.guard is not None:
             self.guard.request_started(request.transport)
@@ -178,7 +179,7 @@ class ApiHandler:
             verb = refused_verb(request)
             response = status_response(error)
         finally:
-            gauge.dec()
+            self.in_flight -= 1
             if self.guard is not None:
                 self.guard.request_finished(request.transport)
         finished = self._clock()
@@ -281,7 +282,7 @@ class ApiHandler:
         if request.headers.get("Upgrade") or api_path.subresource in UPGRADE_SUBRESOURCES:
             if self.relay is None or api_path.subresource not in UPGRADE_SUBRESOURCES:
                 raise BadRequest(f"watchproxy does not relay upgrades on {raw_path}")
-            upgrades = self.metrics.in_flight.labels("stream")
+            upgrades = self.metrics.in_flight_by("stream")
             upgrades.inc()
             try:
                 with flow(self._flow_of(request)):
@@ -312,7 +313,7 @@ class ApiHandler:
         if verb == "watch" and hub is None and self.hub is not None:
             self.metrics.passthrough_watches.labels("impersonation").inc()
         if verb == "watch" and hub is not None and query is not None and shareable:
-            hub_streams = self.metrics.in_flight.labels("stream")
+            hub_streams = self.metrics.in_flight_by("stream")
             hub_streams.inc()
             try:
                 served = await hub.serve(request, api_path, query)
@@ -332,7 +333,7 @@ class ApiHandler:
                 batched = await self.list_batcher.serve(request)
             if batched is not None:
                 return verb, batched
-        gauge = self.metrics.in_flight.labels("stream") if streaming else None
+        gauge = self.metrics.in_flight_by("stream") if streaming else None
         if gauge is not None:
             gauge.inc()
         try:

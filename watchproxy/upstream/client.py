@@ -246,8 +246,8 @@ class Upstream:
             self._answered()
             took = self._clock() - sent
             status = response.status
-            self.metrics.upstream_requests.labels(verb, str(status)).inc()
-            self.metrics.upstream_request_duration.labels(verb).observe(took)
+            self.metrics.upstream_requests_by(verb, str(status)).inc()
+            self.metrics.upstream_request_duration_by(verb).observe(took)
             retry_after = None
             if status == 429:
                 self.metrics.upstream_throttled.inc()
