@@ -4,33 +4,62 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import AsyncIterator
 
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
-from watchproxy.errors import PayloadTooLarge, UpstreamTimeout, UpstreamUnavailable
+from watchproxy.errors import BadRequest, PayloadTooLarge, UpstreamTimeout, UpstreamUnavailable
 from watchproxy.kube.headers import forwarded_credential, request_headers, response_headers
 from watchproxy.server.clientgone import started
-from watchproxy.upstream.client import Upstream, UpstreamResponse
+from watchproxy.upstream.client import StreamedBody, Upstream, UpstreamResponse
 
 log = logging.getLogger("watchproxy.passthrough")
 
 
-async def read_body(request: web.Request, limit: int) -> bytes | None:
-    """The whole request body, refusing more than ``limit`` bytes with a 413."""
+# A body up to this size is read whole before the request goes upstream (one write, and a 401
+# from a rotated token can be answered by sending it again); a bigger one with a declared length
+# (kubectl apply, client-go) streams through as it arrives and is never held whole. A chunked
+# body of unknown length is read whole, up to the limit: one over the limit is then refused
+# before the apiserver sees any of it, as with a declared length.
+BUFFERED_BODY_BYTES = 65536
+
+
+async def read_body(request: web.Request, limit: int) -> bytes | StreamedBody | None:
+    """The request body, whole or streamed; more than ``limit`` bytes is a 413 before anything
+    is sent upstream."""
     if not request.body_exists:
         return None
-    if request.content_length is not None and request.content_length > limit:
-        raise PayloadTooLarge(f"request body of {request.content_length} bytes exceeds {limit}")
-    chunks: list[bytes] = []
+    length = request.content_length
+    if length is None or length <= BUFFERED_BODY_BYTES:
+        return await _whole(request, limit)
+    if length > limit:
+        raise PayloadTooLarge(f"request body of {length} bytes exceeds {limit}")
+    return StreamedBody(_parts(request, limit), length)
+
+
+async def _whole(request: web.Request, limit: int) -> bytes:
+    chunks = [chunk async for chunk in _parts(request, limit)]
+    return b"".join(chunks)
+
+
+async def _parts(request: web.Request, limit: int) -> AsyncIterator[bytes]:
+    # A body that breaks off is the client's doing: it must not read as an upstream failure
+    # (which would count against the apiserver's health and the adaptive limit).
     size = 0
-    async for chunk in request.content.iter_any():
+    chunks = request.content.iter_any()
+    while True:
+        try:
+            chunk = await chunks.__anext__()
+        except StopAsyncIteration:
+            return
+        except (aiohttp.ClientError, ConnectionError) as error:
+            raise BadRequest(f"the request body broke off: {type(error).__name__}") from None
         size += len(chunk)
         if size > limit:
             raise PayloadTooLarge(f"request body exceeds {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+        yield chunk
 
 
 class Forwarder:

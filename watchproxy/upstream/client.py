@@ -31,15 +31,16 @@ from watchproxy.upstream.bodies import LineTooLong, read_frames, read_lines
 from watchproxy.upstream.connectivity import Connectivity, ProbeFailed
 from watchproxy.upstream.connector import PROBING, DialFailed, UpstreamDown
 from watchproxy.upstream.credentials import UpstreamTarget
-from watchproxy.upstream.pool import Broken
+from watchproxy.upstream.http1 import Broken
 from watchproxy.upstream.response import UpstreamResponse
-from watchproxy.upstream.transports import Transports, describe, outcome_of
+from watchproxy.upstream.transports import StreamedBody, Transports, describe, outcome_of
 from watchproxy.upstream.upgrade import BadAnswer, UpgradeAnswer, open_upgrade
 from watchproxy.upstream.upgrade import DialFailed as UpgradeDialFailed
 
 # read_lines, read_frames and LineTooLong live in upstream.bodies; named here for their callers.
 __all__ = [
     "LineTooLong",
+    "StreamedBody",
     "Upstream",
     "UpstreamResponse",
     "describe",
@@ -169,7 +170,7 @@ class Upstream:
         path_qs: str,
         *,
         headers: Mapping[str, str] | CIMultiDict[str] | None = None,
-        body: bytes | None = None,
+        body: bytes | StreamedBody | None = None,
         verb: str = "get",
         streaming: bool = False,
         read_timeout: float | None = None,
@@ -264,6 +265,7 @@ class Upstream:
                 status == 401
                 and attempt == 0
                 and forwarded_auth is None
+                and not isinstance(body, StreamedBody)  # sent already, it cannot be sent again
                 and self.target.invalidate(send_headers.get("Authorization"))
             ):
                 # A rotated token file or an exec credential the apiserver no longer takes:

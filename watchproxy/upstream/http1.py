@@ -36,6 +36,15 @@ class ProtocolError(Exception):
     """The bytes from upstream are not an HTTP/1.1 response this connection can carry."""
 
 
+class Broken(Exception):
+    """The connection ended or garbled the answer; ``before_answer``: no byte of it came, and
+    the request may never have reached the apiserver."""
+
+    def __init__(self, message: str, *, before_answer: bool = False) -> None:
+        super().__init__(message)
+        self.before_answer = before_answer
+
+
 class ResponseHead(NamedTuple):
     status: int
     reason: str

@@ -21,10 +21,17 @@ import asyncio
 import collections
 import ssl
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterable, Callable
 from typing import Protocol, cast
 
-from watchproxy.upstream.http1 import EndOfMessage, ProtocolError, ResponseHead, ResponseParser
+from watchproxy.upstream.http1 import (
+    Broken,
+    EndOfMessage,
+    ProtocolError,
+    ResponseHead,
+    ResponseParser,
+)
+from watchproxy.upstream.response import PooledAnswer
 
 # Reading pauses when this much of a body waits unread (a big LIST to a slow consumer).
 HIGH_WATER = 1 << 18
@@ -34,15 +41,6 @@ HIGH_WATER = 1 << 18
 MAX_IDLE_SECONDS = 30.0
 # Idle connections kept at most; more concurrent requests dial more, and the rest close.
 MAX_IDLE = 64
-
-
-class Broken(Exception):
-    """The connection ended or garbled the answer; ``before_answer``: no byte of it came, and
-    the request may never have reached the apiserver."""
-
-    def __init__(self, message: str, *, before_answer: bool = False) -> None:
-        super().__init__(message)
-        self.before_answer = before_answer
 
 
 class Dialer(Protocol):
@@ -75,6 +73,7 @@ class PooledConnection(asyncio.Protocol):
         self._waiter: asyncio.Future[None] | None = None
         self._paused = False
         self._answered = False
+        self._writable: asyncio.Future[None] | None = None  # set while the socket buffer is full
 
     # asyncio.Protocol
 
@@ -108,14 +107,18 @@ class PooledConnection(asyncio.Protocol):
             )
             self._error = Broken(reason, before_answer=not self._answered)
         self._wake()
+        self.resume_writing()
         if not self.closed.done():
             self.closed.set_result(None)
 
-    def pause_writing(self) -> None:  # a request body bigger than the socket buffer
-        pass
+    def pause_writing(self) -> None:
+        if self._writable is None:
+            self._writable = asyncio.get_running_loop().create_future()
 
     def resume_writing(self) -> None:
-        pass
+        writable, self._writable = self._writable, None
+        if writable is not None and not writable.done():
+            writable.set_result(None)
 
     # the exchange
 
@@ -131,6 +134,21 @@ class PooledConnection(asyncio.Protocol):
         self._answered = False
         self._parser.expect(head_request=head_request)
         self.transport.write(data)
+
+    async def send_body(self, body: AsyncIterable[bytes], *, chunked: bool) -> None:
+        """Write a request body as it comes, at the pace the apiserver reads it. An answer that
+        comes before the end (a refusal) stops the writing; the answer is what counts."""
+        async for part in body:
+            if self._head is not None or self._error is not None:
+                return
+            if self.transport is None:
+                raise Broken("the connection closed while the request body was sent")
+            if part:
+                self.transport.write(b"%x\r\n%s\r\n" % (len(part), part) if chunked else part)
+            if self._writable is not None:
+                await self._writable
+        if chunked and self.transport is not None and self._head is None:
+            self.transport.write(b"0\r\n\r\n")
 
     async def head(self) -> ResponseHead:
         while self._head is None:
@@ -218,71 +236,6 @@ class PooledConnection(asyncio.Protocol):
             waiter.set_result(None)
 
 
-class PooledResponse:
-    """An answer read from a pooled connection. Its owner ends it once: :meth:`release` when
-    the body was read to its end (the connection may serve again), else :meth:`cut`."""
-
-    __slots__ = ("_connection", "_pool", "headers", "reason", "status")
-
-    def __init__(
-        self, pool: ConnectionPool, connection: PooledConnection, head: ResponseHead
-    ) -> None:
-        self._pool = pool
-        self._connection: PooledConnection | None = connection
-        self.status = head.status
-        self.reason = head.reason
-        self.headers = head.headers
-
-    def whole_body(self) -> bytes | None:
-        """The body, when all of it has already arrived (no wait); else None."""
-        connection = self._connection
-        if connection is None or not connection.complete:
-            return None
-        return connection.take_all()
-
-    async def read(self, read_timeout: float | None) -> bytes:
-        """The rest of the body. Raises Broken, or TimeoutError after ``read_timeout`` without
-        a byte."""
-        connection = self._connection
-        assert connection is not None, "read after release"
-        parts: list[bytes] = []
-        while True:
-            async with asyncio.timeout(read_timeout):
-                chunk = await connection.next_chunk()
-            if chunk is None:
-                return b"".join(parts)
-            parts.append(chunk)
-
-    async def chunks(self, read_timeout: float | None) -> AsyncIterator[bytes]:
-        """The body as it arrives."""
-        connection = self._connection
-        assert connection is not None, "read after release"
-        while True:
-            async with asyncio.timeout(read_timeout):
-                chunk = await connection.next_chunk()
-            if chunk is None:
-                return
-            yield chunk
-
-    def release(self) -> None:
-        """Done with the answer: a connection whose answer was read to its end goes back to the
-        pool, any other is closed."""
-        connection, self._connection = self._connection, None
-        if connection is None:
-            return
-        if connection.reusable:
-            connection.take_all()  # body bytes nobody wanted: this answer's, now dropped
-            self._pool.put(connection)
-        else:
-            connection.close()
-
-    def cut(self) -> None:
-        """Stop reading before the end: the connection cannot carry another request."""
-        connection, self._connection = self._connection, None
-        if connection is not None:
-            connection.close()
-
-
 class ConnectionPool:
     """Idle keep-alive connections to one apiserver, and the dials that make new ones."""
 
@@ -313,13 +266,20 @@ class ConnectionPool:
         connect_timeout: float,
         head_request: bool = False,
         may_resend: bool,
-    ) -> PooledResponse:
-        """Send one request (its encoded head and body) and wait for the head of its answer.
+        body: AsyncIterable[bytes] | None = None,
+        chunked: bool = False,
+        read_timeout: float | None = None,
+    ) -> PooledAnswer:
+        """Send one request (its encoded head, and its body when it is bytes) and wait for the
+        head of its answer. ``body``: a body streamed after the head (``chunked``: framed in
+        chunks, its length unknown). ``read_timeout``: the longest silence while its body is read.
 
         A reused connection the apiserver closed just as the request went out fails before any
-        byte of an answer; ``may_resend`` (an idempotent request) sends it once more on a fresh
-        connection. Raises Broken, or whatever the dialer raises.
+        byte of an answer; ``may_resend`` (an idempotent request whose body is in ``data``) sends
+        it once more on a fresh connection. Raises Broken, or whatever the dialer raises.
         """
+        if body is not None:
+            may_resend = False  # a streamed body cannot be sent twice
         if ssl_context is not self._ssl_context:
             # A rotated CA: connections made with the old trust are not kept for new requests.
             self._ssl_context = ssl_context
@@ -330,6 +290,8 @@ class ConnectionPool:
                 connection = await self._dial(ssl_context, connect_timeout)
             connection.send(data, head_request=head_request)
             try:
+                if body is not None:
+                    await connection.send_body(body, chunked=chunked)
                 head = await connection.head()
             except Broken as broken:
                 connection.abort()
@@ -339,7 +301,7 @@ class ConnectionPool:
             except BaseException:
                 connection.abort()  # cancelled or timed out mid-request: the state is unknown
                 raise
-            return PooledResponse(self, connection, head)
+            return PooledAnswer(self, connection, head, read_timeout)
         raise AssertionError("unreachable")  # pragma: no cover
 
     def put(self, connection: PooledConnection) -> None:

@@ -12,13 +12,18 @@ traceback, no connection) outlives the read that failed.
 from __future__ import annotations
 
 import abc
+import asyncio
 from collections.abc import AsyncGenerator
+from typing import TYPE_CHECKING
 
 import aiohttp
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from watchproxy.errors import UpstreamTimeout, UpstreamUnavailable
-from watchproxy.upstream.pool import Broken, PooledResponse
+from watchproxy.upstream.http1 import Broken, ResponseHead
+
+if TYPE_CHECKING:
+    from watchproxy.upstream.pool import ConnectionPool, PooledConnection
 
 
 class UpstreamResponse(abc.ABC):
@@ -64,43 +69,63 @@ def _silent(read_timeout: float | None) -> UpstreamTimeout:
 class PooledAnswer(UpstreamResponse):
     """An answer on a pooled keep-alive connection (``upstream.pool``)."""
 
-    def __init__(self, response: PooledResponse, read_timeout: float | None) -> None:
-        self._response = response
+    def __init__(
+        self,
+        pool: ConnectionPool,
+        connection: PooledConnection,
+        head: ResponseHead,
+        read_timeout: float | None,
+    ) -> None:
+        self._pool = pool
+        self._connection: PooledConnection | None = connection
         self._read_timeout = read_timeout
-        self.status = response.status
-        self.reason = response.reason
-        self.headers = response.headers
+        self.status = head.status
+        self.reason = head.reason
+        self.headers = head.headers
 
     def whole_body(self) -> bytes | None:
-        return self._response.whole_body()
+        connection = self._connection
+        if connection is None or not connection.complete:
+            return None
+        return connection.take_all()
 
     async def read(self) -> bytes:
-        failure: BaseException | None = None
-        try:
-            return await self._response.read(self._read_timeout)
-        except Broken as error:
-            failure = _broken(error)
-        except TimeoutError:
-            failure = _silent(self._read_timeout)
-        raise failure
+        return b"".join([chunk async for chunk in self.chunks()])
 
     async def chunks(self) -> AsyncGenerator[bytes, None]:
+        connection = self._connection
+        assert connection is not None, "read after release"
         failure: BaseException | None = None
         try:
-            async for chunk in self._response.chunks(self._read_timeout):
+            while True:
+                async with asyncio.timeout(self._read_timeout):
+                    chunk = await connection.next_chunk()
+                if chunk is None:
+                    return
                 yield chunk
         except Broken as error:
             failure = _broken(error)
         except TimeoutError:
             failure = _silent(self._read_timeout)
-        if failure is not None:
-            raise failure
+        assert failure is not None
+        raise failure
 
     def release(self) -> None:
-        self._response.release()
+        """A connection whose answer was read to its end goes back to the pool (bytes of the
+        body nobody read are dropped); any other is closed."""
+        connection, self._connection = self._connection, None
+        if connection is None:
+            return
+        if connection.reusable:
+            connection.take_all()
+            self._pool.put(connection)
+        else:
+            connection.close()
 
     def cut(self) -> None:
-        self._response.cut()
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            connection.close()
 
 
 class StreamAnswer(UpstreamResponse):

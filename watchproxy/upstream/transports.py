@@ -10,7 +10,7 @@ down, every socket created and owned by the event loop.
 from __future__ import annotations
 
 import ssl
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterable, Callable, Mapping
 
 import aiohttp
 from multidict import CIMultiDict
@@ -22,15 +22,25 @@ from watchproxy.metrics import Metrics
 from watchproxy.policy.adaptive import Outcome
 from watchproxy.upstream.connector import DialFailed, SerialConnector
 from watchproxy.upstream.credentials import UpstreamTarget
-from watchproxy.upstream.http1 import encode_head
-from watchproxy.upstream.pool import Broken, ConnectionPool
-from watchproxy.upstream.response import PooledAnswer, StreamAnswer, UpstreamResponse
+from watchproxy.upstream.http1 import Broken, encode_head
+from watchproxy.upstream.pool import ConnectionPool
+from watchproxy.upstream.response import StreamAnswer, UpstreamResponse
 
 # Methods the pool may send a second time when a reused connection turned out closed before
 # any answer came (RFC 9110 section 9.2.2: the idempotent ones).
 IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
 # Methods whose request carries a Content-Length even without a body, as clients send them.
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+
+class StreamedBody:
+    """A request body sent upstream as it arrives; ``length`` None: unknown (chunked)."""
+
+    __slots__ = ("length", "parts")
+
+    def __init__(self, parts: AsyncIterable[bytes], length: int | None) -> None:
+        self.parts = parts
+        self.length = length
 
 
 class Transports:
@@ -91,31 +101,39 @@ class Transports:
         method: str,
         path_qs: str,
         headers: CIMultiDict[str],
-        body: bytes | None,
+        body: bytes | StreamedBody | None,
         read_timeout: float | None,
     ) -> UpstreamResponse:
         """A one-shot request on a pooled connection; returns once the answer's head came."""
-        if body is not None or method in BODY_METHODS:
-            headers["Content-Length"] = str(len(body or b""))
+        streamed = body if isinstance(body, StreamedBody) else None
+        if streamed is not None:
+            if streamed.length is None:
+                headers["Transfer-Encoding"] = "chunked"
+            else:
+                headers["Content-Length"] = str(streamed.length)
+        elif isinstance(body, bytes) or method in BODY_METHODS:
+            headers["Content-Length"] = str(len(body) if isinstance(body, bytes) else 0)
         try:
             head = encode_head(method, self._path_prefix + path_qs, self._host_header, headers)
         except ValueError as error:
             raise BadRequest(str(error)) from None
-        answer = await self.pool.request(
-            head + body if body else head,
+        return await self.pool.request(
+            head + body if isinstance(body, bytes) and body else head,
             ssl_context=self._ssl_context(),
             connect_timeout=self.config.connect_timeout_seconds,
             head_request=method == "HEAD",
             may_resend=method in IDEMPOTENT,
+            body=streamed.parts if streamed is not None else None,
+            chunked=streamed is not None and streamed.length is None,
+            read_timeout=read_timeout,
         )
-        return PooledAnswer(answer, read_timeout)
 
     async def stream(
         self,
         method: str,
         path_qs: str,
         headers: CIMultiDict[str],
-        body: bytes | None,
+        body: bytes | StreamedBody | None,
         read_timeout: float | None,
     ) -> UpstreamResponse:
         """A streamed request through aiohttp's client; returns once the answer's head came."""
@@ -126,7 +144,7 @@ class Transports:
             method,
             URL(self.target.server + path_qs, encoded=True),
             headers=headers,
-            data=body,
+            data=body.parts if isinstance(body, StreamedBody) else body,
             timeout=timeout,
             allow_redirects=False,
             ssl=self.target.ssl_context or True,  # replaced when a cert rotates
