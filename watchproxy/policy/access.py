@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import functools
 from collections.abc import Iterable
 
 from watchproxy.config import AccessRule
@@ -27,7 +28,10 @@ class ImpersonationRefused(Forbidden):
     """A request with ``Impersonate-*`` headers while ``security.impersonation`` is refuse."""
 
 
-def host_allowed(host_header: str | None, allowed: Iterable[str]) -> bool:
+# Clients send the same Host on every request: each answer is kept (bounded, whatever a client
+# sends).
+@functools.lru_cache(maxsize=256)
+def host_allowed(host_header: str | None, allowed: tuple[str, ...]) -> bool:
     """True if the Host (with or without its port) is in the allowlist."""
     if not host_header:
         return False
