@@ -4,7 +4,7 @@
 version it has a module file for (``go.mod``: the newest; ``go-<minor>.mod``: older ones);
 :func:`start_kubetestenv` runs the one :data:`VERSION` names on loopback, waits for the JSON file
 it writes once its ``/readyz`` is ok, and :meth:`RealApiServer.stop` ends it (SIGTERM, then
-SIGKILL) and awaits it. ``WATCHPROXY_REALAPI_VERSION`` (e.g. ``1.34``) picks the version for a
+SIGKILL) and awaits it. ``KUBETESTENV_VERSION`` (e.g. ``1.34``) picks the version for a
 whole test run; without it, the newest.
 """
 
@@ -24,7 +24,7 @@ from typing import IO, Any
 import pytest
 
 HERE = Path(__file__).resolve().parent
-VERSION_ENV = "WATCHPROXY_REALAPI_VERSION"
+VERSION_ENV = "KUBETESTENV_VERSION"
 READY_TIMEOUT = 100.0
 STOP_TIMEOUT = 30.0
 # Short, so that a test sees an etcd compaction within seconds (the apiserver compacts to the
