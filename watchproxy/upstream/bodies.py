@@ -1,10 +1,78 @@
-"""Reading a streamed body: newline-delimited JSON lines and length-prefixed protobuf frames."""
+"""Reading a streamed body: newline-delimited JSON lines and length-prefixed protobuf frames,
+gzip-encoded or not.
+
+The upstream session never lets aiohttp decompress (``auto_decompress=False``: pass-through keeps
+``Content-Encoding`` byte for byte), so a gzip body the hub asked for is decoded here, by
+:class:`GzipMembers`, the same way whatever aiohttp version is installed. kube-apiserver 1.37
+writes one gzip member per flush of a compressed watch-list; aiohttp before 3.14 kept only the
+first member, and from 3.14.4 refuses more than 1,024 members in one decompress call.
+"""
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import AsyncIterator
 
 import aiohttp
+
+# zlib's window bits for a gzip wrapper (16 + the largest window).
+_GZIP_WBITS = 16 + zlib.MAX_WBITS
+
+
+class GzipMembers:
+    """Decodes a gzip body of any number of members (RFC 1952 allows a series), fed in pieces
+    as they arrive; members may end and begin anywhere in a piece.
+
+    ``feed`` returns every byte decodable so far; ``finish`` raises :class:`BadBody` when the
+    body ended inside a member (a truncated body is never taken for a complete one).
+    """
+
+    def __init__(self) -> None:
+        self._member: zlib._Decompress | None = None
+        self.members = 0  # members completed
+
+    def feed(self, data: bytes) -> bytes:
+        out: list[bytes] = []
+        while data:
+            member = self._member
+            if member is None:
+                member = self._member = zlib.decompressobj(_GZIP_WBITS)
+            try:
+                out.append(member.decompress(data))
+            except zlib.error as error:
+                raise BadBody(f"gzip body is not valid: {error}") from None
+            if not member.eof:
+                break  # the member goes on in the next piece
+            self.members += 1
+            self._member = None
+            data = member.unused_data
+        return b"".join(out)
+
+    def finish(self) -> None:
+        if self._member is not None:
+            raise BadBody(f"gzip body truncated inside member {self.members + 1}")
+
+
+async def decoded_chunks(response: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+    """The body's bytes as they arrive, decoded from its ``Content-Encoding`` (none or gzip)."""
+    encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
+    if encoding == "identity":
+        async for chunk in response.content.iter_any():
+            yield chunk
+        return
+    if encoding != "gzip":
+        raise BadBody(f"unsupported Content-Encoding {encoding!r}")
+    members = GzipMembers()
+    async for chunk in response.content.iter_any():
+        decoded = members.feed(chunk)
+        if decoded:
+            yield decoded
+    members.finish()
+
+
+async def read_body(response: aiohttp.ClientResponse) -> bytes:
+    """The whole body, decoded."""
+    return b"".join([chunk async for chunk in decoded_chunks(response)])
 
 
 async def read_lines(response: aiohttp.ClientResponse, max_line: int) -> AsyncIterator[bytes]:
@@ -14,7 +82,7 @@ async def read_lines(response: aiohttp.ClientResponse, max_line: int) -> AsyncIt
     A final fragment without a newline is a truncated event and is not yielded.
     """
     buffer = bytearray()
-    async for chunk in response.content.iter_any():
+    async for chunk in decoded_chunks(response):
         start = 0
         while True:
             end = chunk.find(b"\n", start)
@@ -42,7 +110,7 @@ async def read_frames(response: aiohttp.ClientResponse, max_frame: int) -> Async
     ``LineTooLong``. A truncated final frame is not yielded (as a truncated line is not).
     """
     buffer = bytearray()
-    async for chunk in response.content.iter_any():
+    async for chunk in decoded_chunks(response):
         buffer += chunk
         start = 0
         while len(buffer) - start >= 4:
@@ -62,3 +130,7 @@ class LineTooLong(Exception):
 
     def __init__(self, size: int) -> None:
         super().__init__(f"watch event line of {size} bytes exceeds the limit")
+
+
+class BadBody(Exception):
+    """An upstream body that cannot be decoded: truncated or corrupt gzip, unknown encoding."""

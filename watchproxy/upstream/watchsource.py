@@ -15,6 +15,7 @@ import aiohttp
 from watchproxy.config import UpstreamConfig
 from watchproxy.errors import UpstreamTimeout, UpstreamUnavailable
 from watchproxy.policy.ratelimit import parse_retry_after
+from watchproxy.upstream.bodies import BadBody, read_body
 from watchproxy.upstream.client import LineTooLong, Upstream, describe, read_frames, read_lines
 
 
@@ -42,8 +43,8 @@ class _Answer:
     async def body(self) -> bytes:
         failure: str | None = None
         try:
-            body = await self._response.read()
-        except (aiohttp.ClientError, OSError) as error:
+            body = await read_body(self._response)
+        except (aiohttp.ClientError, OSError, BadBody) as error:
             failure = describe(error)
         else:
             self._whole = True
@@ -67,7 +68,7 @@ class _Answer:
                 yield line
         except TimeoutError as error:  # aiohttp's read timeout (also a ClientError subclass)
             failure, timed_out = describe(error), True
-        except (aiohttp.ClientError, OSError, LineTooLong) as error:
+        except (aiohttp.ClientError, OSError, LineTooLong, BadBody) as error:
             failure = describe(error)
         finally:
             # Closed here, by its owner, rather than by the loop's finalizer in a task.
@@ -99,7 +100,10 @@ class UpstreamWatchSource:
         response = await self._upstream.open(
             "GET",
             path_qs,
-            headers={"Accept": accept, "User-Agent": "watchproxy"},
+            # gzip: the apiserver compresses what it would compress for the clients themselves
+            # (a LIST over 128 KiB; from 1.37 a watch-list), one member per flush; the hub
+            # decodes it (upstream/bodies.py), so the wire carries no more than direct.
+            headers={"Accept": accept, "Accept-Encoding": "gzip", "User-Agent": "watchproxy"},
             verb=verb,
             streaming=streaming,
             read_timeout=self._config.watch_read_timeout_seconds if streaming else None,
