@@ -10,7 +10,8 @@
 # go-<minor>.mod/.sum pin an older release (`go build -modfile`). Modules come from the Go module
 # proxy into Go's module cache, objects go to Go's build cache, so only the first build of a
 # version is slow (about 15 minutes on two cores); a warm one takes seconds.
-# KUBETESTENV_VERSIONS (space-separated) names the default set instead of the newest only.
+# KUBETESTENV_VERSIONS (space-separated), else KUBETESTENV_VERSION (the version the tests will
+# start), names the default set instead of the newest only.
 set -euo pipefail
 cd "$(dirname "$0")"
 # The machines install Go in /usr/local/go; a non-login shell may not have it on PATH.
@@ -77,6 +78,8 @@ all_versions() {
 if [ $# -eq 0 ]; then
     if [ -n "${KUBETESTENV_VERSIONS:-}" ]; then
         read -r -a versions <<<"$KUBETESTENV_VERSIONS"
+    elif [ -n "${KUBETESTENV_VERSION:-}" ]; then
+        versions=("$KUBETESTENV_VERSION")
     else
         versions=("$(all_versions | tail -n 1)")
     fi
