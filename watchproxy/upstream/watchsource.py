@@ -12,7 +12,14 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from watchproxy.config import UpstreamConfig
 from watchproxy.errors import UpstreamUnavailable
 from watchproxy.policy.ratelimit import parse_retry_after
-from watchproxy.upstream.bodies import LineTooLong, read_frames, read_lines
+from watchproxy.upstream.bodies import (
+    BadBody,
+    LineTooLong,
+    decoded,
+    decoded_whole,
+    read_frames,
+    read_lines,
+)
 from watchproxy.upstream.client import Upstream
 from watchproxy.upstream.response import UpstreamResponse
 
@@ -37,25 +44,34 @@ class _Answer:
     def retry_after(self) -> float | None:
         return parse_retry_after(self._response.headers.get("Retry-After"), time.time())
 
+    @property
+    def _encoding(self) -> str:
+        return self._response.headers.get("Content-Encoding", "identity")
+
     async def body(self) -> bytes:
         body = self._response.whole_body()
         if body is None:
             body = await self._response.read()
         self._whole = True
-        return body
+        try:
+            return decoded_whole(body, self._encoding)
+        except BadBody as error:
+            raise UpstreamUnavailable(f"the upstream answer broke: {error}") from None
 
     def lines(self) -> AsyncGenerator[bytes, None]:
-        return self._records(read_lines(self._response.chunks(), self._max_line))
+        chunks = decoded(self._response.chunks(), self._encoding)
+        return self._records(read_lines(chunks, self._max_line))
 
     def frames(self) -> AsyncGenerator[bytes, None]:
-        return self._records(read_frames(self._response.chunks(), self._max_line))
+        chunks = decoded(self._response.chunks(), self._encoding)
+        return self._records(read_frames(chunks, self._max_line))
 
     async def _records(self, inner: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:
         failure: str | None = None
         try:
             async for line in inner:
                 yield line
-        except LineTooLong as error:
+        except (LineTooLong, BadBody) as error:
             failure = str(error)
         finally:
             # Closed here, by its owner, rather than by the loop's finalizer in a task.
@@ -84,7 +100,10 @@ class UpstreamWatchSource:
         response = await self._upstream.open(
             "GET",
             path_qs,
-            headers={"Accept": accept, "User-Agent": "watchproxy"},
+            # gzip: the apiserver compresses what it would compress for the clients themselves
+            # (a LIST over 128 KiB; from 1.37 a watch-list), one member per flush; the hub
+            # decodes it (upstream/bodies.py), so the wire carries no more than direct.
+            headers={"Accept": accept, "Accept-Encoding": "gzip", "User-Agent": "watchproxy"},
             verb=verb,
             streaming=streaming,
             read_timeout=self._config.watch_read_timeout_seconds if streaming else None,
