@@ -71,6 +71,11 @@ ROWS = (
             "test_real_apiserver::test_a_later_watch_gets_the_initial_events",
         ),
     ),
+    Row(
+        "HTTP",
+        'watch from "now" ("" or "0", with and without bookmarks) as the apiserver',
+        ("test_watch_from_now::",),
+    ),
     Row("HTTP", "protobuf watches and lists", ("test_protobuf::",)),
     Row(
         "HTTP",

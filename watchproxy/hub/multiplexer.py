@@ -344,7 +344,7 @@ class Hub:
 
     async def _plan(self, shared: SharedWatch, query: WatchQuery) -> StartPlan:
         """The client's start point; for an RV newer than the cache, wait for it (bounded)."""
-        initial = bool(query.send_initial_events)
+        initial = query.watch_list  # ends its initial events with the annotated bookmark
         plan = shared.cache.plan(query.resource_version, send_initial_events=initial)
         deadline = self.clock() + TOO_LARGE_RV_WAIT
         while plan.wait_rv is not None:
