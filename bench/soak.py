@@ -498,12 +498,15 @@ async def soak(args: argparse.Namespace) -> int:
                 await asyncio.gather(*tasks)
                 await fake.faults.recover()
                 fake.faults.throttle(None)
-                await quiesce(fake, truth, stats, all_clients, clients)
+                await quiesce(
+                    fake.store.list("pods", "default"), truth, stats, all_clients, clients
+                )
                 stop.set()
                 for task in list(clients):
                     task.cancel()
                 await asyncio.gather(*clients, return_exceptions=True)
-                await final_check(session, base, fake, truth, stats, rng)
+                objects = fake.store.list("pods", "default")
+                await final_check(session, base, objects, truth, stats, rng)
                 await report("end", process.pid, stats, session, admin, started)
         finally:
             stop.set()
@@ -533,14 +536,14 @@ async def soak(args: argparse.Namespace) -> int:
 
 
 async def quiesce(
-    fake: FakeApiServer,
+    objects: list[dict[str, Any]],
     truth: Truth,
     stats: Stats,
     all_clients: list[Client],
     running: set[asyncio.Task[None]],
     within: float = 30.0,
 ) -> None:
-    objects = fake.store.list("pods", "default")
+    """Every running client must reach ``objects`` (the store's pods, churn stopped)."""
     wanted = {
         selector: {
             o["metadata"]["name"]: int(o["metadata"]["resourceVersion"])
@@ -571,13 +574,12 @@ async def quiesce(
 async def final_check(
     session: aiohttp.ClientSession,
     base: str,
-    fake: FakeApiServer,
+    objects: list[dict[str, Any]],
     truth: Truth,
     stats: Stats,
     rng: random.Random,
 ) -> None:
-    """Fresh watches of every selector, and a resume from an early RV, reach the store's state."""
-    objects = fake.store.list("pods", "default")
+    """Fresh watches of every selector reach ``objects`` (the store's pods)."""
     for selector in SELECTORS:
         client = Client(0, base, truth, stats, rng, 0)
         client.selector = selector
