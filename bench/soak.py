@@ -579,10 +579,9 @@ async def final_check(
     stats: Stats,
     rng: random.Random,
 ) -> None:
-    """Fresh watches of every selector reach ``objects`` (the store's pods)."""
-    for selector in SELECTORS:
-        client = Client(0, base, truth, stats, rng, 0)
-        client.selector = selector
+    """Fresh watches of every selector (all at once) reach ``objects`` (the store's pods)."""
+
+    async def one(selector: str) -> None:
         wanted = {
             o["metadata"]["name"]: int(o["metadata"]["resourceVersion"])
             for o in objects
@@ -591,8 +590,18 @@ async def final_check(
         query = "?watch=true&timeoutSeconds=2"
         if selector:
             query += "&labelSelector=" + selector.replace("=", "%3D").replace(" ", "%20")
-        async with session.get(base + PODS + query) as response:
-            body = await response.read()
+        body = b""
+        status = 0
+        for _ in range(20):  # right after an outage the proxy may still answer 503 for a while
+            async with session.get(base + PODS + query) as response:
+                body = await response.read()
+                status = response.status
+            if status == 200:
+                break
+            await asyncio.sleep(1)
+        else:
+            stats.violation(f"final watch of {selector!r}: {status} {body[:200]!r}")
+            return
         state: dict[str, int] = {}
         for line in body.splitlines():
             event = json.loads(line)
@@ -603,6 +612,8 @@ async def final_check(
                 state[meta["name"]] = int(meta["resourceVersion"])
         if state != wanted:
             stats.violation(f"final state of {selector!r}: {len(state)} != {len(wanted)} objects")
+
+    await asyncio.gather(*(one(selector) for selector in SELECTORS))
 
 
 async def wait_ready(

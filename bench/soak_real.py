@@ -397,7 +397,7 @@ async def inject_faults(
         log.append(kind)
         print(f"[{time.strftime('%H:%M:%S')}] fault: {kind}", flush=True)
         try:
-            await fault(kind, api, relay, writer, oracle, truth, session, rng)
+            await fault(kind, api, relay, writer, oracle, truth, session, rng, stop)
         except (aiohttp.ClientError, TimeoutError, RuntimeError) as error:
             stats.violation(f"fault {kind} could not be made: {type(error).__name__}: {error}")
 
@@ -411,45 +411,54 @@ async def fault(
     truth: Truth,
     session: aiohttp.ClientSession,
     rng: random.Random,
+    stop: asyncio.Event,
 ) -> None:
-    """Make one fault of ``kind`` and undo it (those with a duration)."""
+    """Make one fault of ``kind``; one with a duration is undone after it (or at ``stop``)."""
+
+    async def hold(seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), seconds)
+
     if kind == "reset":
         relay.reset_all()
-    elif kind == "refuse":
-        relay.mode = "reset"
-        relay.reset_all()
-        await asyncio.sleep(rng.uniform(2, 5))
-        relay.mode = "pass"
-    elif kind == "blackhole":
-        relay.mode = "blackhole"
-        relay.freeze()
-        await asyncio.sleep(rng.uniform(5, 20))
-        relay.mode = "pass"
     elif kind == "halfopen":
         relay.freeze()
     elif kind == "truncate":
         relay.truncate_next(1)
     elif kind == "cutrecord":
         relay.reset_mid_record(1)
-    elif kind == "restart":
+    elif kind in ("refuse", "blackhole"):
+        try:
+            if kind == "refuse":
+                relay.mode = "reset"
+                relay.reset_all()
+                await hold(rng.uniform(2, 5))
+            else:
+                relay.mode = "blackhole"
+                relay.freeze()
+                await hold(rng.uniform(5, 20))
+        finally:
+            relay.mode = "pass"
+    elif kind in ("restart", "compact"):
+        # A relist's difference may rewrite this stretch: order and final-state checks only.
         truth.suspect.append((writer.last_rv, sys.maxsize))
-        async with writer.paused():
-            await restart(api, oracle)
-        await asyncio.sleep(10)  # watchproxy resumes (or relists) within this
-        truth.suspect[-1] = (truth.suspect[-1][0], writer.last_rv)
-    elif kind == "compact":
-        truth.suspect.append((writer.last_rv, sys.maxsize))
-        relay.mode = "reset"
-        relay.reset_all()
-        await asyncio.sleep(rng.uniform(3, 6))  # the writer goes on meanwhile
-        async with writer.paused():
-            revision, _ = await writer.list_pods()
-            await compact_etcd(api, session, revision)
-            if rng.random() < 0.5:
-                await restart(api, oracle)
-        relay.mode = "pass"
-        await asyncio.sleep(10)
-        truth.suspect[-1] = (truth.suspect[-1][0], writer.last_rv)
+        try:
+            if kind == "restart":
+                async with writer.paused():
+                    await restart(api, oracle)
+            else:
+                relay.mode = "reset"
+                relay.reset_all()
+                await hold(rng.uniform(3, 6))  # the writer goes on meanwhile
+                async with writer.paused():
+                    revision, _ = await writer.list_pods()
+                    await compact_etcd(api, session, revision)
+                    if rng.random() < 0.5:
+                        await restart(api, oracle)
+        finally:
+            relay.mode = "pass"
+            await hold(10)  # watchproxy resumes (or relists) within this
+            truth.suspect[-1] = (truth.suspect[-1][0], writer.last_rv)
 
 
 # --- the run -----------------------------------------------------------------------------------
