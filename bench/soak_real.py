@@ -49,7 +49,7 @@ import random
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -271,6 +271,24 @@ class AdminWatch:
     events: int = 0
     lists: int = 0
     reconnects: int = 0
+    pending: list[tuple[int, Callable[[], None]]] = field(default_factory=list)
+
+    def defer(self, upto: int, check: Callable[[], None]) -> None:
+        """Run ``check`` once the record holds every change up to ``upto``.
+
+        The record is a second watch: watchproxy may hand a client an event before the admin
+        watch has it, and a check against the record then would miss it.
+        """
+        if upto <= self.rv:
+            check()
+        else:
+            self.pending.append((upto, check))
+
+    def _run_due(self, everything: bool = False) -> None:
+        due = [c for upto, c in self.pending if everything or upto <= self.rv]
+        self.pending = [(u, c) for u, c in self.pending if not (everything or u <= self.rv)]
+        for check in due:
+            check()
 
     async def run(self, start_rv: int, items: list[dict[str, Any]], stop: asyncio.Event) -> None:
         self.rv = start_rv
@@ -314,17 +332,18 @@ class AdminWatch:
 
     def _take(self, kind: str, obj: dict[str, Any]) -> None:
         rv = int(obj["metadata"]["resourceVersion"])
+        if kind != "BOOKMARK":
+            name = obj["metadata"]["name"]
+            prev = self.state.get(name)
+            if kind == "DELETED":
+                self.state.pop(name, None)
+            else:
+                self.state[name] = obj
+            self.events += 1
+            self.truth.record(Change(kind, rv, obj, prev))
         self.rv = max(self.rv, rv)
-        if kind == "BOOKMARK":
-            return
-        name = obj["metadata"]["name"]
-        prev = self.state.get(name)
-        if kind == "DELETED":
-            self.state.pop(name, None)
-        else:
-            self.state[name] = obj
-        self.events += 1
-        self.truth.record(Change(kind, rv, obj, prev))
+        if self.pending:
+            self._run_due()
 
     async def _relist(self) -> None:
         rv, items = await self.writer.list_pods()
@@ -337,9 +356,15 @@ class AdminWatch:
             )
         self.state = {o["metadata"]["name"]: o for o in items}
         self.rv = rv
+        self._run_due()
 
     def check_answers(self) -> None:
-        """Every write the apiserver answered is in the record, once, at the answer's RV."""
+        """Every write the apiserver answered is in the record, once, at the answer's RV.
+
+        Call once the record has caught up with the last write: the checks still deferred run
+        too (nothing was written after it).
+        """
+        self._run_due(everything=True)
         recorded = [(c.type, c.obj["metadata"]["name"], c.rv) for c in self.truth.changes]
         seen = set(recorded)
         if len(seen) != len(recorded):
@@ -349,6 +374,15 @@ class AdminWatch:
             self.stats.violation(
                 f"{len(missing)} answered writes not in the admin watch: {missing[:3]}"
             )
+
+
+class RealClient(Client):
+    """``bench.soak``'s client, whose exact checks wait for the record to hold their range."""
+
+    oracle: AdminWatch
+
+    def _check_exact(self, after: int, upto: int, live: list[Key]) -> None:
+        self.oracle.defer(upto, lambda: Client._check_exact(self, after, upto, live))
 
 
 # --- faults ------------------------------------------------------------------------------------
@@ -563,7 +597,8 @@ async def soak_real(args: argparse.Namespace) -> int:
             def spawn() -> None:
                 stats.clients_started += 1
                 lifetime = rng.uniform(args.duration / 10, args.duration / 2.5)
-                client = Client(stats.clients_started, base, truth, stats, rng, lifetime)
+                client = RealClient(stats.clients_started, base, truth, stats, rng, lifetime)
+                client.oracle = oracle
                 all_clients.append(client)
                 task = asyncio.create_task(client.run(session, stop))
                 client.task = task
