@@ -498,12 +498,15 @@ async def soak(args: argparse.Namespace) -> int:
                 await asyncio.gather(*tasks)
                 await fake.faults.recover()
                 fake.faults.throttle(None)
-                await quiesce(fake, truth, stats, all_clients, clients)
+                await quiesce(
+                    fake.store.list("pods", "default"), truth, stats, all_clients, clients
+                )
                 stop.set()
                 for task in list(clients):
                     task.cancel()
                 await asyncio.gather(*clients, return_exceptions=True)
-                await final_check(session, base, fake, truth, stats, rng)
+                objects = fake.store.list("pods", "default")
+                await final_check(session, base, objects, truth, stats, rng)
                 await report("end", process.pid, stats, session, admin, started)
         finally:
             stop.set()
@@ -533,14 +536,14 @@ async def soak(args: argparse.Namespace) -> int:
 
 
 async def quiesce(
-    fake: FakeApiServer,
+    objects: list[dict[str, Any]],
     truth: Truth,
     stats: Stats,
     all_clients: list[Client],
     running: set[asyncio.Task[None]],
     within: float = 30.0,
 ) -> None:
-    objects = fake.store.list("pods", "default")
+    """Every running client must reach ``objects`` (the store's pods, churn stopped)."""
     wanted = {
         selector: {
             o["metadata"]["name"]: int(o["metadata"]["resourceVersion"])
@@ -571,16 +574,14 @@ async def quiesce(
 async def final_check(
     session: aiohttp.ClientSession,
     base: str,
-    fake: FakeApiServer,
+    objects: list[dict[str, Any]],
     truth: Truth,
     stats: Stats,
     rng: random.Random,
 ) -> None:
-    """Fresh watches of every selector, and a resume from an early RV, reach the store's state."""
-    objects = fake.store.list("pods", "default")
-    for selector in SELECTORS:
-        client = Client(0, base, truth, stats, rng, 0)
-        client.selector = selector
+    """Fresh watches of every selector (all at once) reach ``objects`` (the store's pods)."""
+
+    async def one(selector: str) -> None:
         wanted = {
             o["metadata"]["name"]: int(o["metadata"]["resourceVersion"])
             for o in objects
@@ -589,8 +590,18 @@ async def final_check(
         query = "?watch=true&timeoutSeconds=2"
         if selector:
             query += "&labelSelector=" + selector.replace("=", "%3D").replace(" ", "%20")
-        async with session.get(base + PODS + query) as response:
-            body = await response.read()
+        body = b""
+        status = 0
+        for _ in range(20):  # right after an outage the proxy may still answer 503 for a while
+            async with session.get(base + PODS + query) as response:
+                body = await response.read()
+                status = response.status
+            if status == 200:
+                break
+            await asyncio.sleep(1)
+        else:
+            stats.violation(f"final watch of {selector!r}: {status} {body[:200]!r}")
+            return
         state: dict[str, int] = {}
         for line in body.splitlines():
             event = json.loads(line)
@@ -601,6 +612,8 @@ async def final_check(
                 state[meta["name"]] = int(meta["resourceVersion"])
         if state != wanted:
             stats.violation(f"final state of {selector!r}: {len(state)} != {len(wanted)} objects")
+
+    await asyncio.gather(*(one(selector) for selector in SELECTORS))
 
 
 async def wait_ready(
