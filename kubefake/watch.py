@@ -32,6 +32,14 @@ class WatchOptions:
     allow_bookmarks: bool
     timeout: float | None
 
+    @property
+    def ends_initial_events(self) -> bool:
+        """The initial events end with the annotated bookmark: asked for, or (kube-apiserver
+        1.34 on) by default for a watch from "now" that allows bookmarks."""
+        if self.send_initial_events is not None:
+            return self.send_initial_events
+        return not self.rv and self.allow_bookmarks
+
     @classmethod
     def of(cls, options: ListOptions) -> WatchOptions:
         """From decoded and validated ListOptions; timeoutSeconds 0 (or absent) is the server's
@@ -232,7 +240,7 @@ async def _stream_events(
 
     for event_type, obj in initial:
         await write(encoder.encode(event_type, obj))
-    if opts.send_initial_events:
+    if opts.ends_initial_events:
         await write(encoder.bookmark(last_rv, initial_events_end=True))
     while True:
         now = loop.time()

@@ -44,6 +44,7 @@ MODES = ("pass", "reset", "blackhole")
 class Counts:
     accepted: int = 0
     by_mode: dict[str, int] = field(default_factory=lambda: dict.fromkeys(MODES, 0))
+    bytes_up: int = 0  # relayed towards the target (TLS records, so a little over the payload)
 
 
 def _rst(writer: asyncio.StreamWriter) -> None:
@@ -86,6 +87,7 @@ class _Link:
                 with contextlib.suppress(OSError, RuntimeError):  # already closed: fine
                     self.target_writer.write_eof()
                 return
+            self.owner.counts.bytes_up += len(data)
             self.target_writer.write(data)
             await self.target_writer.drain()
 

@@ -19,6 +19,7 @@ from watchproxy.metricsbase import (
     LATENCY_BUCKETS,
     LOOP_LAG_BUCKETS,
     STREAM_BUCKETS,
+    Children,
     LoopLagSampler,
     MetricDoc,
 )
@@ -336,6 +337,15 @@ class Metrics:
             "Client watches passed through unshared (the hub cannot serve them), by reason.",
             ["reason"],
         )
+        # The children touched by every proxied request, looked up once each.
+        self.requests_by: Children[Counter] = Children(self.requests)
+        self.request_duration_by: Children[Histogram] = Children(self.request_duration)
+        self.stream_duration_by: Children[Histogram] = Children(self.stream_duration)
+        self.in_flight_by: Children[Gauge] = Children(self.in_flight)
+        self.upstream_requests_by: Children[Counter] = Children(self.upstream_requests)
+        self.upstream_request_duration_by: Children[Histogram] = Children(
+            self.upstream_request_duration
+        )
 
     def _add(
         self,
@@ -357,9 +367,9 @@ class Metrics:
 
     def request_done(self, verb: str, code: int, seconds: float, *, stream: bool) -> None:
         """One client request answered: counted, and timed in the histogram of its kind."""
-        self.requests.labels(verb, str(code)).inc()
-        histogram = self.stream_duration if stream else self.request_duration
-        histogram.labels(verb).observe(seconds)
+        self.requests_by(verb, str(code)).inc()
+        histograms = self.stream_duration_by if stream else self.request_duration_by
+        histograms(verb).observe(seconds)
 
     def note_concurrency_limit_change(self, reason: str) -> None:
         """The adaptive concurrency limit moved, for ``reason``."""

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import time
 from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from prometheus_client import Histogram
 
@@ -17,6 +18,27 @@ STREAM_BUCKETS = (
     1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0, 1200.0, 1800.0, 2400.0, 3000.0, 3600.0,
 )  # fmt: skip
 LOOP_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+Child = TypeVar("Child")
+
+
+class Children(Generic[Child]):
+    """A labelled metric's children, each looked up once: prometheus_client's ``labels()``
+    validates, converts and takes a lock on every call, several times per proxied request.
+    Only for labels whose values are already bounded (verbs, status codes, kinds)."""
+
+    __slots__ = ("_children", "_metric")
+
+    def __init__(self, metric: Any) -> None:
+        self._metric = metric
+        self._children: dict[tuple[str, ...], Child] = {}
+
+    def __call__(self, *values: str) -> Child:
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self._metric.labels(*values)
+        return child
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,9 @@ from pathlib import Path
 GO_DIR = Path(__file__).resolve().parent / "go"
 GO_BIN_DIR = GO_DIR / "bin"  # gitignored
 WATCHCLIENT = GO_BIN_DIR / "watchclient"
+# The newest client-go (v0.37, WatchList on by default) beside the oldest one above (v0.34).
+GO137_DIR = Path(__file__).resolve().parent / "go137"
+INFORMER137 = GO137_DIR / "bin" / "informer"
 # Where the official tarball installs Go; non-login shells often lack it on PATH.
 GO_FALLBACK = Path("/usr/local/go/bin/go")
 BUILD_TIMEOUT = 900.0  # a cold build on a small CI machine, module downloads included
@@ -37,9 +40,10 @@ def find_go() -> str | None:
     return str(GO_FALLBACK) if os.access(GO_FALLBACK, os.X_OK) else None
 
 
-def go_sources() -> list[Path]:
-    sources = [GO_DIR / "go.mod", GO_DIR / "go.sum"]
-    sources += [p for p in GO_DIR.rglob("*.go") if GO_BIN_DIR not in p.parents]
+def go_sources(module_dir: Path = GO_DIR) -> list[Path]:
+    bin_dir = module_dir / "bin"
+    sources = [module_dir / "go.mod", module_dir / "go.sum"]
+    sources += [p for p in module_dir.rglob("*.go") if bin_dir not in p.parents]
     return sources
 
 
@@ -107,10 +111,23 @@ def build_watchclient(*, timeout: float = BUILD_TIMEOUT) -> Path:
     )
 
 
+def build_informer137(*, timeout: float = BUILD_TIMEOUT) -> Path:
+    """The path of an up-to-date client-go v0.37 ``informer`` binary, built first if needed."""
+    return go_build(
+        GO137_DIR,
+        "./informer",
+        INFORMER137,
+        go_sources(GO137_DIR),
+        needed_by="the client-go v0.37 tests need",
+        timeout=timeout,
+    )
+
+
 def main() -> int:
     started = time.monotonic()
     try:
         path = build_watchclient()
+        build_informer137()
     except ToolchainMissing as exc:
         # The same rule as the tests: skipped on a developer's machine, a failure on CI.
         if os.environ.get("CI") == "true":
@@ -121,7 +138,7 @@ def main() -> int:
     except BuildFailed as exc:
         print(exc, file=sys.stderr)
         return 1
-    print(f"{path} ready in {time.monotonic() - started:.1f} s")
+    print(f"{path} and {INFORMER137} ready in {time.monotonic() - started:.1f} s")
     return 0
 
 

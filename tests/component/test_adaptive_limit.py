@@ -117,7 +117,13 @@ async def test_pushback_costs_the_apiserver_far_fewer_refusals_than_direct_clien
     assert cut.value("watchproxy_upstream_concurrency_limit_changes_total", reason="429") >= 1
     assert set(recovered) == {"200"}, recovered
     assert after.value("watchproxy_upstream_concurrency_limit") > limit_after_cut + 4
-    assert after.value("watchproxy_upstream_concurrency_limit_reason", reason="growth") == 1
+    # Grown back, step by step. (Not "the last change was growth": on a busy machine a latency
+    # spike of this process's own may cut it once on the way, as it should.)
+    grown = after.value("watchproxy_upstream_concurrency_limit_changes_total", reason="growth")
+    assert (
+        grown - cut.value("watchproxy_upstream_concurrency_limit_changes_total", reason="growth")
+        >= 4
+    )
 
 
 async def timed_gets(

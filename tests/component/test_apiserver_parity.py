@@ -1,7 +1,8 @@
 """Requests judged as kube-apiserver judges them: one table, asked of the proxy and of the fake.
 
-Each row is a request and the status kube-apiserver v1.34.12 answered it with (asked directly,
-with an admin token, from the ``kubetestenv`` binary of the real-apiserver tier). The proxy must
+Each row is a request and the status kube-apiserver answered it with: v1.34.12 and v1.37.2 answer
+every row alike (asked directly, with an admin token, from the ``kubetestenv`` binaries of the
+real-apiserver tier). The proxy must
 give the same status unless the row says why it deliberately differs (``proxy``), and so must
 the fake apiserver, unless it cannot reproduce the real answer (``fake``, with a note). Where
 the proxy refuses a request itself, its Status names the parameter (``param``).

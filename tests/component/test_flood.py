@@ -36,8 +36,9 @@ def _counter(running: Running, state: str) -> float:
 def _open(running: Running, state: str | None = None) -> float:
     """Open API connections (in ``state``: head, idle or active; all states if None)."""
     states = ("head", "idle", "active") if state is None else (state,)
-    gauge = running.proxy.metrics.connections
-    return sum(gauge.labels(s)._value.get() for s in states)  # type: ignore[attr-defined]
+    registry = running.proxy.metrics.registry
+    name = "watchproxy_client_connections_by_state"
+    return sum(registry.get_sample_value(name, {"state": s}) or 0.0 for s in states)
 
 
 async def _connect(port: int) -> socket.socket:

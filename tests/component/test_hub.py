@@ -150,7 +150,12 @@ async def test_bookmarks_only_for_clients_that_asked(tmp_path: Any) -> None:
         bookmarks = [e for e in with_bookmarks if e["type"] == "BOOKMARK"]
         assert len(bookmarks) >= 2
         assert bookmarks[0]["object"]["kind"] == "Pod"
-        assert set(bookmarks[0]["object"]["metadata"]) == {"resourceVersion"}
+        # A watch from "now" that allows bookmarks is a watch-list (kube-apiserver 1.34 on):
+        # its initial events end with the annotated bookmark; the periodic ones carry only
+        # the resourceVersion.
+        end = bookmarks[0]["object"]["metadata"]
+        assert end["annotations"] == {"k8s.io/initial-events-end": "true"}
+        assert set(bookmarks[1]["object"]["metadata"]) == {"resourceVersion"}
         assert [e["type"] for e in without] == ["ADDED"]
 
 

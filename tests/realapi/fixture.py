@@ -1,14 +1,18 @@
 """A real kube-apiserver (with etcd, in one Go process) for the tests, started and stopped here.
 
-``tests/realapi/build.sh`` builds ``tests/realapi/bin/kubetestenv`` from the Go module beside this
-file; :func:`start_kubetestenv` runs it on loopback, waits for the JSON file it writes once its
-``/readyz`` is ok, and :meth:`RealApiServer.stop` ends it (SIGTERM, then SIGKILL) and awaits it.
+``tests/realapi/build.sh`` builds ``tests/realapi/bin/kubetestenv-<minor>`` for each Kubernetes
+version it has a module file for (``go.mod``: the newest; ``go-<minor>.mod``: older ones);
+:func:`start_kubetestenv` runs the one :data:`VERSION` names on loopback, waits for the JSON file
+it writes once its ``/readyz`` is ok, and :meth:`RealApiServer.stop` ends it (SIGTERM, then
+SIGKILL) and awaits it. ``KUBETESTENV_VERSION`` (e.g. ``1.34``) picks the version for a
+whole test run; without it, the newest.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import ssl
 import subprocess
@@ -20,8 +24,7 @@ from typing import IO, Any
 import pytest
 
 HERE = Path(__file__).resolve().parent
-BINARY = HERE / "bin" / "kubetestenv"
-SOURCES = (HERE / "go.mod", HERE / "go.sum", HERE / "kubetestenv" / "main.go")
+VERSION_ENV = "KUBETESTENV_VERSION"
 READY_TIMEOUT = 100.0
 STOP_TIMEOUT = 30.0
 # Short, so that a test sees an etcd compaction within seconds (the apiserver compacts to the
@@ -36,14 +39,53 @@ class Unavailable(Exception):
     """The binary is missing or older than its sources (run tests/realapi/build.sh)."""
 
 
-def binary_problem() -> str | None:
-    """Why the built binary cannot be used, or None."""
-    if not BINARY.exists():
-        return f"{BINARY} is missing: run tests/realapi/build.sh (needs Go)"
-    built = BINARY.stat().st_mtime
-    stale = [str(p.relative_to(HERE)) for p in SOURCES if p.stat().st_mtime > built]
+def _minor_pinned_by(modfile: Path) -> str:
+    """The Kubernetes minor version (``1.37``) a module file requires."""
+    found = re.search(r"^\s*k8s\.io/kubernetes v(\d+\.\d+)\.\d+", modfile.read_text(), re.M)
+    if found is None:
+        raise RuntimeError(f"{modfile} does not require k8s.io/kubernetes")
+    return found.group(1)
+
+
+NEWEST = _minor_pinned_by(HERE / "go.mod")
+VERSIONS = tuple(
+    sorted(
+        {NEWEST, *(p.stem.removeprefix("go-") for p in HERE.glob("go-*.mod"))},
+        key=lambda v: tuple(int(part) for part in v.split(".")),
+    )
+)
+"""Every Kubernetes minor version there is a module file for, oldest first."""
+VERSION = os.environ.get(VERSION_ENV) or NEWEST
+"""The version this test run starts."""
+if VERSION not in VERSIONS:
+    raise RuntimeError(f"{VERSION_ENV}={VERSION!r}: not one of {', '.join(VERSIONS)}")
+
+
+def binary_path(version: str = VERSION) -> Path:
+    return HERE / "bin" / f"kubetestenv-{version}"
+
+
+def _sources(version: str) -> tuple[Path, ...]:
+    modfile = HERE / ("go.mod" if version == NEWEST else f"go-{version}.mod")
+    return (modfile, modfile.with_suffix(".sum"), HERE / "kubetestenv" / "main.go")
+
+
+def version_tuple(version: str = VERSION) -> tuple[int, int]:
+    """``"1.37"`` as ``(1, 37)``, for comparisons such as ``version_tuple() >= (1, 35)``."""
+    major, minor = version.split(".")
+    return int(major), int(minor)
+
+
+def binary_problem(version: str = VERSION) -> str | None:
+    """Why the built binary for ``version`` cannot be used, or None."""
+    binary = binary_path(version)
+    build = f"run bash tests/realapi/build.sh {version}"
+    if not binary.exists():
+        return f"{binary} is missing: {build} (needs Go)"
+    built = binary.stat().st_mtime
+    stale = [str(p.relative_to(HERE)) for p in _sources(version) if p.stat().st_mtime > built]
     if stale:
-        return f"{BINARY} is older than {', '.join(stale)}: run tests/realapi/build.sh"
+        return f"{binary} is older than {', '.join(stale)}: {build}"
     return None
 
 
@@ -52,6 +94,8 @@ class RealApiServer:
     """One running kubetestenv process and what a client needs to reach it."""
 
     url: str
+    version: str
+    """The Kubernetes minor version, e.g. ``1.37``."""
     ca_file: str
     token: str
     kubeconfig: str
@@ -139,7 +183,7 @@ def start_kubetestenv(
     log_path = state_dir / "kubetestenv.log"
     log = open(log_path, "ab")  # noqa: SIM115 - owned by the RealApiServer, closed in stop()
     command = [
-        str(BINARY),
+        str(binary_path()),
         "-dir",
         str(state_dir / "state"),
         "-ready-file",
@@ -172,7 +216,7 @@ def start_kubetestenv(
                 # poll it is (the start takes seconds, the poll step is small beside it).
                 time.sleep(0.1)
     except BaseException as error:
-        server = RealApiServer("", "", "", "", state_dir, 0, 0, log_path, process, log)
+        server = RealApiServer("", VERSION, "", "", "", state_dir, 0, 0, log_path, process, log)
         tail = server.log_tail()
         server.stop()
         if isinstance(error, RuntimeError):
@@ -180,6 +224,7 @@ def start_kubetestenv(
         raise
     return RealApiServer(
         url=info["url"],
+        version=VERSION,
         ca_file=info["ca_file"],
         token=info["token"],
         kubeconfig=info["kubeconfig"],

@@ -288,3 +288,16 @@ async def ticking(direct: Api, collection: str, ticker: dict[str, Any]) -> Async
     finally:
         stop.set()
         await task
+
+
+def compare_rv(a: str, b: str) -> int:
+    """-1, 0 or 1 as resourceVersion ``a`` is older than, the same as or newer than ``b``,
+    compared as the apiserver compares them (apimachinery's ``CompareResourceVersion``,
+    "comparable resource versions", GA in 1.35): each must be a positive decimal integer
+    without leading zeros, of any length; a ValueError otherwise."""
+    for rv in (a, b):
+        if not rv or rv[0] == "0" or not all("0" <= c <= "9" for c in rv):
+            raise ValueError(f"resource version is not well formed: {rv!r}")
+    if len(a) != len(b):
+        return -1 if len(a) < len(b) else 1
+    return (a > b) - (a < b)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import urllib.parse
 from typing import Any
 
 import pytest
@@ -255,3 +256,31 @@ def test_any_query_either_decodes_or_is_a_bad_request(query: dict[str, str]) -> 
     assert set(parsed.unknown) <= set(query)
     assert parsed.resource_version_match in ("", "NotOlderThan", "Exact")
     assert parsed.timeout_seconds is None or -(2**63) <= parsed.timeout_seconds < 2**63
+
+
+@pytest.mark.parametrize(
+    ("query", "watch_list"),
+    [
+        ("watch=1", False),
+        ("watch=1&resourceVersion=0", False),
+        ("watch=1&allowWatchBookmarks=true", True),
+        ("watch=1&resourceVersion=0&allowWatchBookmarks=true", True),
+        ("watch=1&resourceVersion=&allowWatchBookmarks=true", True),
+        ("watch=1&resourceVersion=5&allowWatchBookmarks=true", False),
+        (
+            "watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan"
+            "&allowWatchBookmarks=true",
+            True,
+        ),
+        (
+            "watch=1&sendInitialEvents=false&resourceVersionMatch=NotOlderThan"
+            "&allowWatchBookmarks=true",
+            False,
+        ),
+        ("allowWatchBookmarks=true", False),
+    ],
+)
+def test_a_watch_from_now_with_bookmarks_is_a_watch_list(query: str, watch_list: bool) -> None:
+    """As kube-apiserver 1.34 and 1.37 answer (tests/realapi/test_watch_from_now.py)."""
+    parsed = parse_watch_query(MultiDict(urllib.parse.parse_qsl(query, keep_blank_values=True)))
+    assert parsed.watch_list is watch_list

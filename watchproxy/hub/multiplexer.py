@@ -338,11 +338,13 @@ class Hub:
     def list_cover(self, api_path: ApiPath, query: WatchQuery, headers: Headers) -> Cover | None:
         if query.timeout is not None and not is_go_duration(query.timeout):
             return None  # the apiserver's 400 for a request deadline it cannot parse
+        if not self.watches:
+            return None  # nothing shared: no key to build (a LIST of a busy controller's)
         return find_cover(self.watches, lambda path: self._key(headers, path, query)[1], api_path)
 
     async def _plan(self, shared: SharedWatch, query: WatchQuery) -> StartPlan:
         """The client's start point; for an RV newer than the cache, wait for it (bounded)."""
-        initial = bool(query.send_initial_events)
+        initial = query.watch_list  # ends its initial events with the annotated bookmark
         plan = shared.cache.plan(query.resource_version, send_initial_events=initial)
         deadline = self.clock() + TOO_LARGE_RV_WAIT
         while plan.wait_rv is not None:

@@ -30,6 +30,7 @@ from watchproxy.hub.fetcher import Fetcher, WatchOutcomes
 from watchproxy.hub.historybudget import HistoryBudget
 from watchproxy.hub.machine import MachineConfig, SharedWatchMachine
 from watchproxy.hub.outcomes import (
+    Broken,
     Elapsed,
     Fail,
     Halt,
@@ -270,6 +271,14 @@ class SharedWatch:
         while True:
             try:
                 step = self.machine.handle(outcome)
+                if isinstance(outcome, Broken) and not outcome.down:
+                    # While the apiserver is down the prober reports it, once; a stream that
+                    # broke while it is up (a cut, a truncated body) is told here, with why.
+                    log.warning(
+                        "shared watch %s: the upstream stream broke: %s",
+                        self.key.collection_path,
+                        outcome.reason,
+                    )
                 del outcome  # a Listed holds the whole list: not kept while the watch runs
                 self._took(step)
                 action = step.action

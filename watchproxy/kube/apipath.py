@@ -13,6 +13,7 @@ is classified as if the slash were absent and still forwarded as sent.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from dataclasses import dataclass
 from typing import Literal
@@ -64,6 +65,9 @@ class ApiPath:
         return self.resource is not None and self.name is None
 
 
+# A controller sends the same few paths thousands of times a second; an ApiPath is frozen, so
+# each parse is kept (a refused path is parsed, and refused, again every time).
+@functools.lru_cache(maxsize=4096)
 def parse_api_path(raw_path: str) -> ApiPath:
     """Check ``raw_path`` (as received, before percent-decoding) and classify it.
 
@@ -175,7 +179,10 @@ def _decode_segment(raw_path: str, raw_segment: str) -> str:
         except UnicodeDecodeError:
             raise _invalid(raw_path, "percent-escapes are not UTF-8") from None
     else:
-        segment = raw_segment
+        # The pattern above already admits no slash, backslash or control character.
+        if raw_segment in (".", ".."):
+            raise _invalid(raw_path, "'.' and '..' segments are refused")
+        return raw_segment
     if segment in (".", ".."):
         raise _invalid(raw_path, "'.' and '..' segments are refused")
     for ch in segment:

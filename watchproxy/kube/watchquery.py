@@ -125,6 +125,17 @@ class WatchQuery:
     unknown: tuple[str, ...] = ()
 
     @property
+    def watch_list(self) -> bool:
+        """The apiserver (1.34 on, WatchList enabled) answers this watch with the initial
+        events and then a bookmark annotated ``k8s.io/initial-events-end``: when asked to
+        (``sendInitialEvents=true``), and by default for a watch from "now" (resourceVersion
+        absent, "" or "0") that allows bookmarks."""
+        if self.send_initial_events is not None:
+            return self.send_initial_events
+        from_now = self.resource_version in (None, "", "0")
+        return self.watch and from_now and self.allow_watch_bookmarks
+
+    @property
     def resource_version_number(self) -> int | None:
         """The resourceVersion as a number, None if absent or empty."""
         if not self.resource_version:

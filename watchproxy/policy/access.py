@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import functools
 from collections.abc import Iterable
 
 from watchproxy.config import AccessRule
@@ -27,6 +28,9 @@ class ImpersonationRefused(Forbidden):
     """A request with ``Impersonate-*`` headers while ``security.impersonation`` is refuse."""
 
 
+# Clients send the same Host on every request: each answer is kept (bounded, whatever a client
+# sends).
+@functools.lru_cache(maxsize=256)
 def host_name(host_header: str | None) -> str | None:
     """The name part of a Host header, lower case (an IPv6 literal keeps its brackets)."""
     if not host_header:

@@ -129,8 +129,10 @@ class ApiHandler:
         self.list_batcher: BatchedListServer = list_batcher or Declines()
         self.consistent_lists: ConsistentListServer = consistent_lists or Declines()
         self._clock = clock
-        self._requests = metrics.in_flight.labels("request")
-        self._streams = metrics.in_flight.labels("stream")
+        self._streams = metrics.in_flight_by("stream")
+        # Every request in flight, read by its gauge at scrape time (no lock per request).
+        self.in_flight = 0
+        metrics.in_flight.labels("request").set_function(lambda: self.in_flight)
         self._handlers: dict[RouteKind, Handler] = {
             RouteKind.UPGRADE: self._upgrade,
             RouteKind.HUB_WATCH: self._hub_watch,
@@ -149,7 +151,7 @@ class ApiHandler:
 
     async def __call__(self, request: web.Request) -> web.StreamResponse:
         started = self._clock()
-        self._requests.inc()
+        self.in_flight += 1
         transport = request.transport
         self.guard.request_started(transport)
         response: web.StreamResponse | None = None
@@ -168,7 +170,7 @@ class ApiHandler:
         except ProxyError as error:
             response = status_response(error)
         finally:
-            self._requests.dec()
+            self.in_flight -= 1
             self.guard.request_finished(transport)
         finished = self._clock()
         if scope.client_left:

@@ -24,12 +24,11 @@ import contextlib
 import logging
 from dataclasses import dataclass
 
-import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 from prometheus_client import Counter
 
-from watchproxy.errors import ProxyError, UpstreamUnavailable
+from watchproxy.errors import ProxyError
 from watchproxy.kube.headers import response_headers
 from watchproxy.metrics import Metrics
 from watchproxy.server.passthrough import Forwarder
@@ -179,23 +178,31 @@ class ListBatcher:
             )
         except ProxyError as error:
             return error
+        ended = False
         try:
             length = upstream.content_length
             if length is not None and length > self.max_bytes:
                 return None
-            chunks: list[bytes] = []
-            size = 0
-            async for chunk in upstream.content.iter_any():
-                size += len(chunk)
-                if size > self.max_bytes:
-                    return None
-                chunks.append(chunk)
+            body = upstream.whole_body()
+            if body is None:
+                chunks: list[bytes] = []
+                size = 0
+                async for chunk in upstream.chunks():
+                    size += len(chunk)
+                    if size > self.max_bytes:
+                        return None
+                    chunks.append(chunk)
+                body = b"".join(chunks)
+            ended = True
             headers = CIMultiDict(response_headers(upstream.headers, keep_length=False))
             with contextlib.suppress(KeyError):
                 del headers["Content-Length"]
-            return Answer(upstream.status, upstream.reason, headers, b"".join(chunks))
-        except (aiohttp.ClientError, TimeoutError) as error:
-            log.info("a batched LIST broke: %s", type(error).__name__)
-            return UpstreamUnavailable(f"the upstream answer broke: {type(error).__name__}")
+            return Answer(upstream.status, upstream.reason, headers, body)
+        except ProxyError as error:
+            log.info("a batched LIST broke: %s", error.message)
+            return error
         finally:
-            self.upstream.cut(upstream)
+            if ended:
+                upstream.release()
+            else:
+                upstream.cut()

@@ -71,8 +71,15 @@ class ConnectionGuard:
         self.by_transport: dict[Any, GuardedProtocol] = {}
         # Insertion order is age in the state: the first entry is the one to shed first.
         self._sheddable: dict[State, dict[GuardedProtocol, None]] = {"idle": {}, "head": {}}
-        self._gauges = {state: metrics.connections.labels(state) for state in _STATES}
+        # Counted in plain ints and read by the gauges at scrape time: a connection moves
+        # between states three times per request, and a gauge's inc/dec takes a lock each.
+        self._counts: dict[State, int] = dict.fromkeys(_STATES, 0)
+        for state in _STATES:
+            metrics.connections.labels(state).set_function(self._counter(state))
         metrics.count_client_connections(lambda: self.open)
+
+    def _counter(self, state: State) -> Callable[[], float]:
+        return lambda: self._counts[state]
 
     def __call__(self) -> asyncio.Protocol:
         if self.max_connections and self.open >= self.max_connections and not self._shed_one():
@@ -101,10 +108,10 @@ class ConnectionGuard:
     def moved(self, protocol: GuardedProtocol, old: State | None, new: State | None) -> None:
         """Book-keeping of ``protocol`` leaving state ``old`` for ``new`` (None: not open)."""
         if old is not None:
-            self._gauges[old].dec()
+            self._counts[old] -= 1
             self._sheddable.get(old, {}).pop(protocol, None)
         if new is not None:
-            self._gauges[new].inc()
+            self._counts[new] += 1
             if new in self._sheddable:
                 self._sheddable[new][protocol] = None
         self.open += (new is not None) - (old is not None)

@@ -4,33 +4,62 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import AsyncIterator
 
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
-from watchproxy.errors import PayloadTooLarge
+from watchproxy.errors import BadRequest, PayloadTooLarge, UpstreamTimeout, UpstreamUnavailable
 from watchproxy.kube.headers import forwarded_credential, request_headers, response_headers
 from watchproxy.server.clientgone import started
-from watchproxy.upstream.client import Upstream
+from watchproxy.upstream.client import StreamedBody, Upstream, UpstreamResponse
 
 log = logging.getLogger("watchproxy.passthrough")
 
 
-async def read_body(request: web.Request, limit: int) -> bytes | None:
-    """The whole request body, refusing more than ``limit`` bytes with a 413."""
+# A body up to this size is read whole before the request goes upstream (one write, and a 401
+# from a rotated token can be answered by sending it again); a bigger one with a declared length
+# (kubectl apply, client-go) streams through as it arrives and is never held whole. A chunked
+# body of unknown length is read whole, up to the limit: one over the limit is then refused
+# before the apiserver sees any of it, as with a declared length.
+BUFFERED_BODY_BYTES = 65536
+
+
+async def read_body(request: web.Request, limit: int) -> bytes | StreamedBody | None:
+    """The request body, whole or streamed; more than ``limit`` bytes is a 413 before anything
+    is sent upstream."""
     if not request.body_exists:
         return None
-    if request.content_length is not None and request.content_length > limit:
-        raise PayloadTooLarge(f"request body of {request.content_length} bytes exceeds {limit}")
-    chunks: list[bytes] = []
+    length = request.content_length
+    if length is None or length <= BUFFERED_BODY_BYTES:
+        return await _whole(request, limit)
+    if length > limit:
+        raise PayloadTooLarge(f"request body of {length} bytes exceeds {limit}")
+    return StreamedBody(_parts(request, limit), length)
+
+
+async def _whole(request: web.Request, limit: int) -> bytes:
+    chunks = [chunk async for chunk in _parts(request, limit)]
+    return b"".join(chunks)
+
+
+async def _parts(request: web.Request, limit: int) -> AsyncIterator[bytes]:
+    # A body that breaks off is the client's doing: it must not read as an upstream failure
+    # (which would count against the apiserver's health and the adaptive limit).
     size = 0
-    async for chunk in request.content.iter_any():
+    chunks = request.content.iter_any()
+    while True:
+        try:
+            chunk = await chunks.__anext__()
+        except StopAsyncIteration:
+            return
+        except (aiohttp.ClientError, ConnectionError) as error:
+            raise BadRequest(f"the request body broke off: {type(error).__name__}") from None
         size += len(chunk)
         if size > limit:
             raise PayloadTooLarge(f"request body exceeds {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+        yield chunk
 
 
 class Forwarder:
@@ -52,12 +81,12 @@ class Forwarder:
         # Streams (logs -f, unshared watches) end cleanly after this long without a byte: a
         # silently dead upstream connection must not hold the client forever.
         self.stream_idle_timeout = stream_idle_timeout or None
-        self._streams: set[aiohttp.ClientResponse] = set()
+        self._streams: set[UpstreamResponse] = set()
 
     def close_streams(self) -> None:
         """At shutdown: end every relayed stream; each client sees a clean end of stream."""
         for response in list(self._streams):
-            self.upstream.cut(response)
+            response.cut()
 
     def outgoing(self, request: web.Request) -> tuple[CIMultiDict[str], str | None]:
         """The headers a client request carries upstream, and the credential it runs as in
@@ -86,17 +115,33 @@ class Forwarder:
             wait=False,
             forwarded_auth=forwarded_auth,
         )
+        body_whole = None if request.method == "HEAD" else upstream_response.whole_body()
+        if body_whole is not None and upstream_response.status not in (204, 304):
+            # The whole answer came at once (most one-shot answers do): one write to the
+            # client, head and body together, with its length.
+            upstream_response.release()
+            answer = web.Response(
+                status=upstream_response.status, reason=upstream_response.reason, body=body_whole
+            )
+            answer.headers.extend(response_headers(upstream_response.headers, keep_length=False))
+            return answer
         if streaming:
             self._streams.add(upstream_response)
+        ended = False
         try:
-            return await self._relay(request, upstream_response, streaming=streaming)
+            response, ended = await self._relay(request, upstream_response)
+            return response
         finally:
             self._streams.discard(upstream_response)
-            self.upstream.cut(upstream_response)
+            if ended:
+                upstream_response.release()
+            else:
+                upstream_response.cut()
 
     async def _relay(
-        self, request: web.Request, upstream: aiohttp.ClientResponse, *, streaming: bool
-    ) -> web.StreamResponse:
+        self, request: web.Request, upstream: UpstreamResponse
+    ) -> tuple[web.StreamResponse, bool]:
+        """Copy the answer to the client as it comes; True when it was read to its end."""
         chunked = upstream.headers.get("Transfer-Encoding", "").lower() == "chunked"
         keep_length = not chunked and "Content-Length" in upstream.headers
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
@@ -105,31 +150,37 @@ class Forwarder:
             response.enable_chunked_encoding()
         await response.prepare(request)
         started(request, response)
-        chunks = upstream.content.iter_any()
+        chunks = upstream.chunks()
         while True:
             try:
                 chunk = await chunks.__anext__()
             except StopAsyncIteration:
                 break
-            except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError) as exc:
+            except (UpstreamUnavailable, UpstreamTimeout) as exc:
                 # The upstream broke mid-body or went silent for too long. A stream gets a clean
                 # end (the client asks again); a fixed-length body cannot be completed, so cut
                 # the connection.
                 log.info(
                     "upstream stream ended early (%s): %s %s",
-                    "idle" if isinstance(exc, TimeoutError) else type(exc).__name__,
+                    "idle" if isinstance(exc, UpstreamTimeout) else exc.message,
                     request.method,
                     request.path,
                 )
                 if keep_length:
                     if request.transport is not None:
                         request.transport.close()
-                    return response
-                break
+                    return response, False
+                await self._end(response)
+                return response, False
             try:
                 await response.write(chunk)
             except (ConnectionError, aiohttp.ClientConnectionResetError):
-                return response  # the client left; nothing more to say to it
+                await chunks.aclose()
+                return response, False  # the client left; nothing more to say to it
+        await self._end(response)
+        return response, True
+
+    @staticmethod
+    async def _end(response: web.StreamResponse) -> None:
         with contextlib.suppress(ConnectionError, aiohttp.ClientConnectionResetError):
             await response.write_eof()
-        return response

@@ -1,20 +1,95 @@
-"""Reading a streamed body: newline-delimited JSON lines and length-prefixed protobuf frames."""
+"""Reading a streamed body: newline-delimited JSON lines and length-prefixed protobuf frames,
+gzip-encoded or not.
+
+Upstream answers are never decompressed on the way in (pass-through keeps ``Content-Encoding``
+byte for byte), so a gzip body the hub asked for is decoded here, by :class:`GzipMembers`.
+kube-apiserver 1.37 writes one gzip member per flush of a compressed watch-list; aiohttp before
+3.14 kept only the first member, and from 3.14.4 refuses more than 1,024 members in one
+decompress call, so the hub does not leave it to aiohttp.
+"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import zlib
+from collections.abc import AsyncIterable, AsyncIterator
 
-import aiohttp
+# zlib's window bits for a gzip wrapper (16 + the largest window).
+_GZIP_WBITS = 16 + zlib.MAX_WBITS
 
 
-async def read_lines(response: aiohttp.ClientResponse, max_line: int) -> AsyncIterator[bytes]:
+class GzipMembers:
+    """Decodes a gzip body of any number of members (RFC 1952 allows a series), fed in pieces
+    as they arrive; members may end and begin anywhere in a piece.
+
+    ``feed`` returns every byte decodable so far; ``finish`` raises :class:`BadBody` when the
+    body ended inside a member (a truncated body is never taken for a complete one).
+    """
+
+    def __init__(self) -> None:
+        self._member: zlib._Decompress | None = None
+        self.members = 0  # members completed
+
+    def feed(self, data: bytes) -> bytes:
+        out: list[bytes] = []
+        while data:
+            member = self._member
+            if member is None:
+                member = self._member = zlib.decompressobj(_GZIP_WBITS)
+            try:
+                out.append(member.decompress(data))
+            except zlib.error as error:
+                raise BadBody(f"gzip body is not valid: {error}") from None
+            if not member.eof:
+                break  # the member goes on in the next piece
+            self.members += 1
+            self._member = None
+            data = member.unused_data
+        return b"".join(out)
+
+    def finish(self) -> None:
+        if self._member is not None:
+            raise BadBody(f"gzip body truncated inside member {self.members + 1}")
+
+
+async def decoded(chunks: AsyncIterable[bytes], encoding: str) -> AsyncIterator[bytes]:
+    """The body's bytes as they arrive, decoded from ``encoding`` (its Content-Encoding:
+    identity or gzip)."""
+    encoding = encoding.strip().lower() or "identity"
+    if encoding == "identity":
+        async for chunk in chunks:
+            yield chunk
+        return
+    if encoding != "gzip":
+        raise BadBody(f"unsupported Content-Encoding {encoding!r}")
+    members = GzipMembers()
+    async for chunk in chunks:
+        out = members.feed(chunk)
+        if out:
+            yield out
+    members.finish()
+
+
+def decoded_whole(body: bytes, encoding: str) -> bytes:
+    """A whole body, decoded from ``encoding``."""
+    encoding = encoding.strip().lower() or "identity"
+    if encoding == "identity":
+        return body
+    if encoding != "gzip":
+        raise BadBody(f"unsupported Content-Encoding {encoding!r}")
+    members = GzipMembers()
+    out = members.feed(body)
+    members.finish()
+    return out
+
+
+async def read_lines(body: AsyncIterable[bytes], max_line: int) -> AsyncIterator[bytes]:
     """Yield ``\\n``-terminated lines of a watch body, of any size up to ``max_line``.
 
     aiohttp's own readline refuses long lines; one watch event can be several MiB.
     A final fragment without a newline is a truncated event and is not yielded.
     """
     buffer = bytearray()
-    async for chunk in response.content.iter_any():
+    async for chunk in body:
         start = 0
         while True:
             end = chunk.find(b"\n", start)
@@ -35,14 +110,14 @@ async def read_lines(response: aiohttp.ClientResponse, max_line: int) -> AsyncIt
             start = end + 1
 
 
-async def read_frames(response: aiohttp.ClientResponse, max_frame: int) -> AsyncIterator[bytes]:
+async def read_frames(body: AsyncIterable[bytes], max_frame: int) -> AsyncIterator[bytes]:
     """Yield the length-prefixed frames of a protobuf watch body, each with its prefix.
 
     The prefix is a 4-byte big-endian length; a frame over ``max_frame`` raises
     ``LineTooLong``. A truncated final frame is not yielded (as a truncated line is not).
     """
     buffer = bytearray()
-    async for chunk in response.content.iter_any():
+    async for chunk in body:
         buffer += chunk
         start = 0
         while len(buffer) - start >= 4:
@@ -62,3 +137,7 @@ class LineTooLong(Exception):
 
     def __init__(self, size: int) -> None:
         super().__init__(f"watch event line of {size} bytes exceeds the limit")
+
+
+class BadBody(Exception):
+    """An upstream body that cannot be decoded: truncated or corrupt gzip, unknown encoding."""

@@ -10,28 +10,39 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections.abc import Callable, Mapping
 
 import aiohttp
 from multidict import CIMultiDict
-from yarl import URL
 
 from watchproxy.config import UpstreamConfig
-from watchproxy.errors import ProxyError, TooManyRequests, UpstreamTimeout, UpstreamUnavailable
+from watchproxy.errors import (
+    ProxyError,
+    TooManyRequests,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+)
 from watchproxy.metrics import Metrics
 from watchproxy.policy.adaptive import Outcome
 from watchproxy.policy.ratelimit import UpstreamLimiter, parse_retry_after
 from watchproxy.upstream.bodies import LineTooLong, read_frames, read_lines
 from watchproxy.upstream.connectivity import Connectivity, ProbeFailed
-from watchproxy.upstream.connector import PROBING, SerialConnector, UpstreamDown
+from watchproxy.upstream.connector import PROBING, DialFailed, UpstreamDown
 from watchproxy.upstream.credentials import UpstreamTarget
-from watchproxy.upstream.upgrade import BadAnswer, DialFailed, UpgradeAnswer, open_upgrade
+from watchproxy.upstream.http1 import Broken
+from watchproxy.upstream.response import UpstreamResponse
+from watchproxy.upstream.transports import StreamedBody, Transports, describe, outcome_of
+from watchproxy.upstream.upgrade import BadAnswer, UpgradeAnswer, open_upgrade
+from watchproxy.upstream.upgrade import DialFailed as UpgradeDialFailed
 
 # read_lines, read_frames and LineTooLong live in upstream.bodies; named here for their callers.
 __all__ = [
     "LineTooLong",
+    "StreamedBody",
     "Upstream",
+    "UpstreamResponse",
     "describe",
     "outcome_of",
     "read_frames",
@@ -71,51 +82,29 @@ class Upstream:
         self.metrics = metrics
         self.max_wait = max_wait
         self._clock = clock
-        self._session: aiohttp.ClientSession | None = None
         self.connectivity: Connectivity | None = None
-        self._connector: SerialConnector | None = None
+        self._transports: Transports | None = None
 
     async def start(self) -> None:
-        connector = SerialConnector(
+        self._transports = Transports(
+            self.target,
+            self.config,
             is_down=lambda: self.connectivity is not None and self.connectivity.down,
-            on_failure=self._dial_failed,
-            on_dial=self.metrics.upstream_connection_attempts.inc,
-            on_reused_descriptor=self.metrics.reused_descriptors.inc,
-            ssl=self.target.ssl_context if self.target.ssl_context is not None else False,
-            limit=0,
-            ttl_dns_cache=30,
+            on_dial_failure=self._dial_failed,
+            metrics=self.metrics,
         )
-        self._connector = connector
-        self.metrics.count_upstream_connections(connector.open_connections)
         self.metrics.upstream_concurrency_limit.set_function(lambda: self.limiter.concurrency_limit)
-        # auto_decompress off: bodies pass through byte for byte with their Content-Encoding.
-        self._session = aiohttp.ClientSession(
-            base_url=None,
-            connector=connector,
-            auto_decompress=False,
-            timeout=aiohttp.ClientTimeout(total=None),
-            skip_auto_headers=("User-Agent", "Accept-Encoding"),
-            read_bufsize=2**18,
-            max_line_size=65536,
-            max_field_size=65536,
-        )
-
-    def cut(self, response: aiohttp.ClientResponse) -> None:
-        """Close a response before its end (a watch or stream that is no longer wanted).
-
-        Closing a TLS connection starts the TLS shutdown (close_notify both ways), which ends
-        later, in ``connection_lost``: ``close()`` waits for it (SerialConnector.wait_closed).
-        """
-        response.close()
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-        if self._connector is not None:
-            await self._connector.wait_closed(CLOSE_WAIT_SECONDS)
-            self._connector = None
+        if self._transports is not None:
+            await self._transports.close(CLOSE_WAIT_SECONDS)
+            self._transports = None
         self.target.close()
+
+    def close_idle_connections(self) -> None:
+        """Close the pooled keep-alive connections no request is using now."""
+        if self._transports is not None:
+            self._transports.pool.close_idle()
 
     def _with_credential(
         self,
@@ -154,7 +143,8 @@ class Upstream:
         """This request got no answer. A failed dial was already reported (by the connector,
         or by the caller: ``dial_reported``); an established connection that broke only raises
         a suspicion."""
-        if not dial_reported and not isinstance(error, aiohttp.ClientConnectorError | UpstreamDown):
+        connector_error = aiohttp.ClientConnectorError | UpstreamDown | DialFailed
+        if not dial_reported and not isinstance(error, connector_error):
             self._suspect(describe(error))
         return UpstreamUnavailable(
             f"the apiserver did not answer: {describe(error)}", retry_after=RETRY_AFTER
@@ -180,7 +170,7 @@ class Upstream:
         path_qs: str,
         *,
         headers: Mapping[str, str] | CIMultiDict[str] | None = None,
-        body: bytes | None = None,
+        body: bytes | StreamedBody | None = None,
         verb: str = "get",
         streaming: bool = False,
         read_timeout: float | None = None,
@@ -188,29 +178,28 @@ class Upstream:
         forwarded_auth: str | None = None,
         probe: bool = False,
         deadline: float | None = None,
-    ) -> aiohttp.ClientResponse:
-        """Send one request and return the response with its body unread (caller releases it).
+    ) -> UpstreamResponse:
+        """Send one request and return its answer with the body unread (the caller ends it).
 
         The response headers must come within ``deadline`` (default: the request timeout; for
         ``streaming`` requests, none). After that no total deadline applies — a long list keeps
         flowing — only a limit on silence between two reads: ``read_timeout`` for streams (None:
         none), the request timeout otherwise.
+        A stream goes through aiohttp's client; anything else through a pooled keep-alive
+        connection (``upstream.pool``: one write per request, no per-request objects).
         ``forwarded_auth`` replaces the proxy's own credential (``security.identity: forward``).
         Raises UpstreamUnavailable / UpstreamTimeout when no HTTP answer comes.
         """
-        assert self._session is not None, "Upstream.start() was not called"
+        transports = self._transports
+        assert transports is not None, "Upstream.start() was not called"
         if not probe and self.connectivity is not None and self.connectivity.down:
             # Fail fast while the prober waits out the backoff: piling up requests on a dead
             # apiserver helps nobody, and the attempt count must follow one schedule.
             raise self._unavailable()
         if deadline is None and not streaming:
             deadline = self.config.request_timeout_seconds
-        timeout = aiohttp.ClientTimeout(
-            total=None,
-            sock_connect=self.config.connect_timeout_seconds,
-            sock_read=read_timeout if streaming else self.config.request_timeout_seconds,
-        )
-        url = self.target.server + path_qs
+        if not streaming:
+            read_timeout = self.config.request_timeout_seconds
         for attempt in range(2):
             if forwarded_auth is None:
                 await self.target.refresh()  # an exec plugin's credential, when it is due
@@ -223,15 +212,14 @@ class Upstream:
                         self.metrics.ratelimit_wait.inc(waited)
                     sent = self._clock()
                     async with asyncio.timeout(deadline):
-                        response = await self._session.request(
-                            method,
-                            URL(url, encoded=True),
-                            headers=send_headers,
-                            data=body,
-                            timeout=timeout,
-                            allow_redirects=False,
-                            ssl=self.target.ssl_context or True,  # replaced when a cert rotates
-                        )
+                        if streaming:
+                            response = await transports.stream(
+                                method, path_qs, send_headers, body, read_timeout
+                            )
+                        else:
+                            response = await transports.send(
+                                method, path_qs, send_headers, body, read_timeout
+                            )
             except UpstreamDown:
                 raise self._unavailable() from None
             except TooManyRequests:
@@ -240,10 +228,15 @@ class Upstream:
             except TimeoutError:
                 self._record(Outcome.TIMEOUT)
                 raise self._timed_out(method, path_qs) from None
+            except DialFailed as failed:
+                self.metrics.upstream_errors.labels(
+                    "tls" if isinstance(failed.cause, ssl.SSLError) else "connect"
+                ).inc()
+                raise self._failed(failed) from None
             except aiohttp.ClientSSLError as exc:
                 self.metrics.upstream_errors.labels("tls").inc()
                 raise self._failed(exc) from None
-            except (aiohttp.ClientError, OSError) as exc:
+            except (aiohttp.ClientError, OSError, Broken) as exc:
                 self.metrics.upstream_errors.labels("connect").inc()
                 if not isinstance(exc, aiohttp.ClientConnectorError):
                     # A dial that failed is the outage path's business (one back-off schedule);
@@ -253,29 +246,31 @@ class Upstream:
             # Any HTTP answer means the apiserver is reachable, even a 5xx from it.
             self._answered()
             took = self._clock() - sent
-            self.metrics.upstream_requests.labels(verb, str(response.status)).inc()
-            self.metrics.upstream_request_duration.labels(verb).observe(took)
+            status = response.status
+            self.metrics.upstream_requests_by(verb, str(status)).inc()
+            self.metrics.upstream_request_duration_by(verb).observe(took)
             retry_after = None
-            if response.status == 429:
+            if status == 429:
                 self.metrics.upstream_throttled.inc()
                 delay = parse_retry_after(response.headers.get("Retry-After"), time.time())
                 retry_after = delay if delay is not None else 1.0
             self._record(
-                outcome_of(response.status, response.headers),
+                outcome_of(status, response.headers),
                 kind=verb,
                 # A stream's headers come before its work: their time says nothing of load.
                 latency=None if streaming else took,
                 retry_after=retry_after,
             )
             if (
-                response.status == 401
+                status == 401
                 and attempt == 0
                 and forwarded_auth is None
+                and not isinstance(body, StreamedBody)  # sent already, it cannot be sent again
                 and self.target.invalidate(send_headers.get("Authorization"))
             ):
                 # A rotated token file or an exec credential the apiserver no longer takes:
                 # get a fresh one and try once more.
-                response.release()
+                response.cut()
                 continue
             return response
         raise AssertionError("unreachable")  # pragma: no cover
@@ -322,7 +317,7 @@ class Upstream:
                     connect_timeout=self.config.connect_timeout_seconds,
                     answer_timeout=self.config.request_timeout_seconds,
                 )
-        except DialFailed as failed:
+        except UpgradeDialFailed as failed:
             self.metrics.upstream_errors.labels("connect").inc()
             self._dial_failed(failed.cause)
             raise self._failed(failed.cause, dial_reported=True) from None
@@ -358,34 +353,3 @@ class Upstream:
         if response.status >= 500:
             raise ProbeFailed(f"the apiserver answered /readyz with {response.status}")
         return True
-
-
-def outcome_of(status: int, headers: Mapping[str, str]) -> Outcome:
-    """What an answer says about the apiserver's load.
-
-    429 is API Priority and Fairness (or the max-in-flight filter) refusing work. A 5xx counts
-    only when it speaks of overload: 504 (the apiserver's own request timeout, or a gateway's)
-    and any 5xx that asks to retry later. A 503 without Retry-After is most often an aggregated
-    API that is not there (a missing metrics-server answers every discovery with one): cutting
-    the limit for that would throttle the whole pod for one broken extension.
-    """
-    if status == 429:
-        return Outcome.THROTTLED
-    if status == 504 or (status >= 500 and "Retry-After" in headers):
-        return Outcome.OVERLOADED
-    return Outcome.OK
-
-
-def describe(error: BaseException) -> str:
-    """A short, credential-free cause for logs and Status messages."""
-    if isinstance(error, aiohttp.ClientConnectorCertificateError):
-        return f"TLS certificate verification failed: {error.certificate_error}"
-    if isinstance(error, aiohttp.ClientSSLError):
-        return f"TLS error: {error}"
-    if isinstance(error, aiohttp.ClientConnectorDNSError):
-        return f"DNS lookup failed for {error.host}"
-    if isinstance(error, aiohttp.ClientConnectorError):
-        return f"cannot connect to {error.host}:{error.port}: {error.os_error.strerror or error}"
-    if isinstance(error, TimeoutError):
-        return "timed out"
-    return f"{type(error).__name__}: {error}"

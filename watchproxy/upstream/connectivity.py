@@ -98,9 +98,9 @@ class Connectivity:
         if not self._up.is_set():
             log.info("upstream is reachable")
             self.backoff.success()
-        self._up.set()
-        self._down.clear()
-        self._metrics.upstream_up.set(1)
+            self._up.set()
+            self._down.clear()
+            self._metrics.upstream_up.set(1)
 
     def report_unreachable(self, reason: str | None = None) -> None:
         if reason:

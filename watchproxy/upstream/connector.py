@@ -119,6 +119,38 @@ class SerialConnector(aiohttp.TCPConnector):
             if closed is not None and closed.done() and not closed.cancelled():
                 closed.exception()  # retrieved: a connection lost with an error is expected
 
+    async def dial(
+        self,
+        factory: Callable[[], asyncio.Protocol],
+        host: str,
+        port: int,
+        ssl_context: ssl.SSLContext | None,
+        timeout: float,
+    ) -> None:
+        """Open one connection for ``upstream.pool``, under the same rules as this connector's
+        own: one dial at a time, none while the upstream is down (but the probe's), each dial
+        counted and its failure reported before the next may start. The loop creates the
+        socket itself (no hand-off). Raises DialFailed (or UpstreamDown)."""
+        async with self._dialing:
+            if self._is_down() and not PROBING.get():
+                raise UpstreamDown("the apiserver is unreachable")
+            self._on_dial()
+            loop = asyncio.get_running_loop()
+            try:
+                async with asyncio.timeout(timeout):
+                    await loop.create_connection(factory, host, port, ssl=ssl_context)
+            except RuntimeError as error:
+                if REUSED_DESCRIPTOR in str(error):
+                    self._on_reused_descriptor()
+                    log.error("the event loop reports a reused file descriptor: %s", error)
+                failure = DialFailed(OSError(str(error)), host, port)
+            except (OSError, TimeoutError) as error:  # ssl.SSLError is an OSError
+                failure = DialFailed(error, host, port)
+            else:
+                return
+            self._on_failure(failure)
+            raise failure
+
     async def _create_connection(self, req: Any, traces: Any, timeout: Any) -> Any:
         async with self._dialing:
             if self._is_down() and not PROBING.get():
@@ -195,6 +227,29 @@ class SerialConnector(aiohttp.TCPConnector):
                 error,
             )
         return aiohttp.ClientConnectorError(req.connection_key, OSError(str(error)))
+
+
+class DialFailed(Exception):
+    """No connection to the apiserver (refused, unreachable, timed out, TLS handshake failed);
+    ``str()`` is the cause as an operator should read it."""
+
+    def __init__(self, cause: BaseException, host: str, port: int) -> None:
+        super().__init__(_dial_cause(cause, host, port))
+        self.cause = cause
+
+
+def _dial_cause(cause: BaseException, host: str, port: int) -> str:
+    if isinstance(cause, ssl.SSLCertVerificationError):
+        return f"TLS certificate verification failed: {cause.verify_message or cause}"
+    if isinstance(cause, ssl.SSLError):
+        return f"TLS error: {cause}"
+    if isinstance(cause, socket.gaierror):
+        return f"DNS lookup failed for {host}"
+    if isinstance(cause, TimeoutError):
+        return f"cannot connect to {host}:{port}: timed out"
+    if isinstance(cause, OSError):
+        return f"cannot connect to {host}:{port}: {cause.strerror or cause}"
+    return f"{type(cause).__name__}: {cause}"
 
 
 def reports_reused_descriptor(context: dict[str, Any]) -> bool:

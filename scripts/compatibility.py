@@ -1,0 +1,188 @@
+"""Write docs/compatibility.md from realapi test results: apiserver versions x clients x features.
+
+Each run of the realapi tier on one kube-apiserver version leaves a JUnit XML file
+(``pytest -m realapi tests/realapi --junitxml=FILE``); this script reads one per version and
+fills the table from the tests that prove each row, so the page says what was run, not what
+someone remembers:
+
+    KUBETESTENV_VERSION=1.37 .venv/bin/pytest -n 3 -m realapi tests/realapi --junitxml=/tmp/r137.xml
+    KUBETESTENV_VERSION=1.34 .venv/bin/pytest -n 3 -m realapi tests/realapi --junitxml=/tmp/r134.xml
+    .venv/bin/python scripts/compatibility.py 1.37=/tmp/r137.xml 1.34=/tmp/r134.xml
+
+A cell is ``pass`` when every test of its row passed on that version, ``FAIL`` when one failed,
+``skipped`` when all were skipped (with the first reason), ``-`` when none ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+OUT = Path(__file__).resolve().parent.parent / "docs" / "compatibility.md"
+
+
+@dataclass(frozen=True)
+class Row:
+    client: str
+    feature: str
+    tests: tuple[str, ...]  # "module::name prefix": every test whose id starts with one
+
+
+ROWS = (
+    Row(
+        "client-go v0.37.2 informers (WatchList)",
+        "3 share one upstream watch, 1 joins it; record, end bookmark <= 1 s",
+        ("test_watchlist_informers::test_watchlist_informers_share",),
+    ),
+    Row(
+        "client-go v0.34 informer (JSON, protobuf), Watch",
+        "every change once across an outage / a compaction",
+        ("test_real_clients::test_every_client_gets_every_change_once",),
+    ),
+    Row(
+        "kube-rs watcher (with and without back-off)",
+        "every change once across an outage / a compaction",
+        ("test_real_clients::test_every_client_gets_every_change_once",),
+    ),
+    Row(
+        "kube-rs without back-off",
+        "real apiserver restart: few reconnects, nothing lost",
+        ("test_kubers_outage_real::",),
+    ),
+    Row(
+        "@kubernetes/client-node informer",
+        "every change once across an outage / a compaction",
+        ("test_real_clients::test_every_client_gets_every_change_once",),
+    ),
+    Row("kubectl", "get -w (Table) as direct", ("test_real_apiserver::test_kubectl_get_watch",)),
+    Row("HTTP", "request parity table (statuses as the apiserver's)", ("test_parity::",)),
+    Row(
+        "HTTP",
+        "watch, resume, bookmarks, sendInitialEvents as direct",
+        (
+            "test_real_apiserver::test_watch_matches_direct",
+            "test_real_apiserver::test_resume_by_resource_version_matches_direct",
+            "test_real_apiserver::test_bookmarks_are_valid_resume_points",
+            "test_real_apiserver::test_send_initial_events_watch_list_matches_direct",
+            "test_real_apiserver::test_a_later_watch_gets_the_initial_events",
+        ),
+    ),
+    Row(
+        "HTTP",
+        'watch from "now" ("" or "0", with and without bookmarks) as the apiserver',
+        ("test_watch_from_now::",),
+    ),
+    Row("HTTP", "protobuf watches and lists", ("test_protobuf::",)),
+    Row(
+        "HTTP",
+        "gzip passes through byte for byte (LIST)",
+        ("test_compression::test_passthrough_keeps_a_gzip_list",),
+    ),
+    Row(
+        "HTTP",
+        "gzip watch-list passes through, member by member",
+        ("test_compression::test_passthrough_keeps_the_members",),
+    ),
+    Row(
+        "HTTP",
+        "no gzip for a client that does not ask (hub, pass-through)",
+        ("test_compression::test_a_client_that_does_not_ask",),
+    ),
+    Row("HTTP", "identical LISTs batched", ("test_list_batch::",)),
+    Row("HTTP", "impersonation / forwarded identity", ("test_impersonation::",)),
+    Row("HTTP", "exec/attach/port-forward upgrades", ("test_upgrades::",)),
+)
+
+
+@dataclass
+class Outcome:
+    passed: int = 0
+    failed: int = 0
+    skipped: int = 0
+    reason: str = ""
+
+
+def results(path: Path) -> dict[str, str | tuple[str, str]]:
+    """Test id ("module::name") -> "passed" / "failed" / ("skipped", reason)."""
+    out: dict[str, str | tuple[str, str]] = {}
+    for case in ET.parse(path).getroot().iter("testcase"):
+        module = case.get("classname", "").rsplit(".", 1)[-1]
+        test_id = f"{module}::{case.get('name', '')}"
+        if case.find("failure") is not None or case.find("error") is not None:
+            out[test_id] = "failed"
+        elif (skip := case.find("skipped")) is not None:
+            out[test_id] = ("skipped", skip.get("message", ""))
+        else:
+            out[test_id] = "passed"
+    return out
+
+
+def cell(row: Row, run: dict[str, str | tuple[str, str]]) -> str:
+    outcome = Outcome()
+    for test_id, result in run.items():
+        if not any(test_id.startswith(prefix) for prefix in row.tests):
+            continue
+        if result == "passed":
+            outcome.passed += 1
+        elif result == "failed":
+            outcome.failed += 1
+        else:
+            outcome.skipped += 1
+            outcome.reason = outcome.reason or result[1]
+    if outcome.failed:
+        return f"FAIL ({outcome.failed} of {outcome.passed + outcome.failed})"
+    if outcome.passed:
+        return "pass"
+    if outcome.skipped:
+        return f"skipped: {outcome.reason.removeprefix('Skipped: ')}"
+    return "-"
+
+
+def render(runs: dict[str, dict[str, str | tuple[str, str]]], when: str) -> str:
+    versions = list(runs)
+    lines = [
+        "# Compatibility",
+        "",
+        "Generated by `scripts/compatibility.py` from the realapi tier's JUnit results; do not",
+        f"edit by hand. Runs of {when}; kube-apiserver built from Go modules",
+        "(`tests/realapi/build.sh`).",
+        "The default test command runs the newest version; the others run with",
+        '`KUBETESTENV_VERSIONS="1.37 1.34" scripts/test.sh` (docs/development.md says why).',
+        "",
+        "| client | feature | " + " | ".join(f"kube-apiserver {v}" for v in versions) + " |",
+        "| --- | --- | " + " | ".join("---" for _ in versions) + " |",
+    ]
+    for row in ROWS:
+        cells = " | ".join(cell(row, runs[v]) for v in versions)
+        lines.append(f"| {row.client} | {row.feature} | {cells} |")
+    totals = []
+    for version, run in runs.items():
+        passed = sum(1 for r in run.values() if r == "passed")
+        failed = sum(1 for r in run.values() if r == "failed")
+        skipped = len(run) - passed - failed
+        totals.append(f"{version}: {passed} passed, {failed} failed, {skipped} skipped")
+    lines += ["", "Whole tier: " + "; ".join(totals) + ".", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", help="VERSION=junit.xml, newest first")
+    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--date", default=datetime.date.today().isoformat())
+    args = parser.parse_args(argv)
+    runs = {}
+    for spec in args.runs:
+        version, _, path = spec.partition("=")
+        runs[version] = results(Path(path))
+    args.out.write_text(render(runs, args.date), encoding="utf-8")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

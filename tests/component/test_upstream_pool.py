@@ -1,0 +1,190 @@
+"""One-shot requests ride pooled keep-alive connections (watchproxy/upstream/pool.py).
+
+Pinned here: a busy client's requests reuse one upstream connection instead of dialing each
+time; an idle pooled connection the network killed costs the next request nothing; a request
+that was sent on a reused connection the apiserver closed at that moment is sent once more when
+it is idempotent, and never when it is not; a big request body streams through, and one over
+the limit is refused with a 413 and never half-applied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.faultproxy import faulty_upstream
+from tests.harness import wait_for
+from watchproxy.upstream.http1 import Broken
+from watchproxy.upstream.pool import ConnectionPool
+
+CONFIGMAPS = "/api/v1/namespaces/default/configmaps"
+
+
+def dials(proxy: Any) -> float:
+    return float(proxy.metrics.upstream_connection_attempts._value.get())
+
+
+async def test_sequential_requests_share_one_upstream_connection(tmp_path: Any) -> None:
+    async with faulty_upstream(tmp_path) as f, aiohttp.ClientSession() as session:
+        proxy = f.running.proxy
+        before_dials, before_links = dials(proxy), f.faults.counts.by_mode["pass"]
+        for i in range(50):
+            body = json.dumps({"metadata": {"name": f"cm-{i}"}, "data": {"i": str(i)}})
+            async with session.post(
+                f.running.url + CONFIGMAPS,
+                data=body,
+                headers={"Content-Type": "application/json"},
+            ) as created:
+                assert created.status == 201, await created.text()
+            async with session.get(f"{f.running.url}{CONFIGMAPS}/cm-{i}") as got:
+                assert (await got.json())["data"] == {"i": str(i)}
+        # The probe's connection may be the one reused; at most one more is dialed.
+        assert dials(proxy) - before_dials <= 1
+        assert f.faults.counts.by_mode["pass"] - before_links <= 1
+
+
+async def test_a_pooled_connection_reset_while_idle_costs_the_next_request_nothing(
+    tmp_path: Any,
+) -> None:
+    async with faulty_upstream(tmp_path) as f, aiohttp.ClientSession() as session:
+        for _ in range(5):
+            async with session.get(f.running.url + CONFIGMAPS) as listed:
+                assert listed.status == 200
+            assert f.faults.reset_all() >= 1  # every idle upstream connection gets an RST
+            async with session.get(f.running.url + CONFIGMAPS) as again:
+                assert again.status == 200, await again.text()
+        assert f.running.proxy.connectivity.up
+
+
+async def test_a_big_body_streams_upstream_before_the_client_has_sent_all_of_it(
+    tmp_path: Any,
+) -> None:
+    """The first half of a 1 MiB body is on its way to the apiserver while the client still
+    holds the second half: the proxy never waits for (or holds) the whole body."""
+    half = 512 * 1024
+    value = "x" * (2 * half - 200)
+    body = json.dumps({"metadata": {"name": "big"}, "data": {"v": value}}).encode()
+    first_half_sent = asyncio.Event()
+    upstream_has_first_half = asyncio.Event()
+
+    async with faulty_upstream(tmp_path) as f, aiohttp.ClientSession() as session:
+        start = f.faults.counts.bytes_up
+
+        async def parts() -> AsyncIterator[bytes]:
+            yield body[:half]
+            first_half_sent.set()
+            await upstream_has_first_half.wait()
+            yield body[half:]
+
+        async def watch_upstream() -> None:
+            await first_half_sent.wait()
+            await wait_for(
+                lambda: f.faults.counts.bytes_up - start >= half,
+                what="the first half upstream",
+            )
+            upstream_has_first_half.set()
+
+        watcher = asyncio.create_task(watch_upstream())
+        async with session.post(
+            f.running.url + CONFIGMAPS,
+            data=parts(),
+            headers={"Content-Type": "application/json", "Content-Length": str(len(body))},
+        ) as created:
+            assert created.status == 201, await created.text()
+        await watcher
+        async with session.get(f"{f.running.url}{CONFIGMAPS}/big") as got:
+            assert (await got.json())["data"]["v"] == value
+
+
+@pytest.mark.parametrize("declared", [True, False])
+async def test_a_body_over_the_limit_is_refused_and_nothing_is_created(
+    tmp_path: Any, declared: bool
+) -> None:
+    limit = 256 * 1024
+    body = json.dumps({"metadata": {"name": "huge"}, "data": {"v": "y" * 2 * limit}}).encode()
+
+    async def parts() -> AsyncIterator[bytes]:
+        for at in range(0, len(body), 65536):
+            yield body[at : at + 65536]
+
+    async with (
+        faulty_upstream(tmp_path, {"limits.max_body_bytes": limit}) as f,
+        aiohttp.ClientSession() as session,
+    ):
+        async with session.post(
+            f.running.url + CONFIGMAPS,
+            data=body if declared else parts(),
+            headers={"Content-Type": "application/json"},
+        ) as refused:
+            assert refused.status == 413
+            assert (await refused.json())["reason"] == "RequestEntityTooLarge"
+        async with session.get(f"{f.running.url}{CONFIGMAPS}/huge") as missing:
+            assert missing.status == 404
+        assert f.running.proxy.connectivity.up
+
+
+class PlainDialer:
+    """Dials plain TCP on loopback (the pool's TLS is the loop's; the rules under test are not)."""
+
+    def __init__(self) -> None:
+        self.dials = 0
+
+    async def dial(
+        self,
+        factory: Any,
+        host: str,
+        port: int,
+        ssl_context: Any,
+        timeout: float,
+    ) -> None:
+        self.dials += 1
+        await asyncio.get_running_loop().create_connection(factory, host, port)
+
+
+@pytest.mark.parametrize(("method", "resent"), [("GET", True), ("DELETE", True), ("POST", False)])
+async def test_a_request_on_a_reused_connection_closed_under_it(method: str, resent: bool) -> None:
+    """The server answers the first request of each connection and closes the connection on
+    the second without answering it, as an apiserver closing an idle connection at that very
+    moment would. An idempotent request goes again on a fresh connection; any other fails."""
+    answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        for served in range(2):
+            if not await reader.readuntil(b"\r\n\r\n"):
+                break
+            if served == 1:
+                break  # closed with the request unanswered
+            writer.write(answer)
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    dialer = PlainDialer()
+    pool = ConnectionPool(dialer, "127.0.0.1", port)
+    request = f"{method} /x HTTP/1.1\r\nHost: h\r\n\r\n".encode()
+    try:
+        first = await pool.request(
+            request, ssl_context=None, connect_timeout=5, may_resend=method != "POST"
+        )
+        assert await first.read() == b"ok"
+        first.release()
+        if resent:
+            again = await pool.request(
+                request, ssl_context=None, connect_timeout=5, may_resend=True
+            )
+            assert await again.read() == b"ok"
+            again.release()
+            assert dialer.dials == 2
+        else:
+            with pytest.raises(Broken):
+                await pool.request(request, ssl_context=None, connect_timeout=5, may_resend=False)
+            assert dialer.dials == 1
+    finally:
+        await pool.close(2)
+        server.close()
+        await server.wait_closed()

@@ -1,0 +1,187 @@
+"""Compressed answers through watchproxy, against the real apiserver.
+
+kube-apiserver gzips a LIST over 128 KiB for a client that sends ``Accept-Encoding: gzip``,
+and from 1.37 a watch-list too, one gzip member per flush (``Vary: Accept-Encoding``).
+What watchproxy passes through keeps ``Content-Encoding`` and the bytes as the apiserver
+sent them; a client that does not ask for gzip never gets it, from the hub or not.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.harness import proxy_for_upstream
+from tests.realapi.fixture import RealApiServer, version_tuple
+from tests.realapi.kubeapi import Api
+from watchproxy.upstream.bodies import GzipMembers
+from watchproxy.upstream.connector import SerialConnector
+
+pytestmark = pytest.mark.timeout(120, func_only=True)
+
+END = b'"k8s.io/initial-events-end":"true"'
+WATCH_LIST = (
+    "?watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true"
+)
+
+
+@pytest.fixture
+async def raw() -> AsyncIterator[aiohttp.ClientSession]:
+    """A session that neither asks for nor decodes any encoding on its own."""
+    connector = SerialConnector(is_down=lambda: False, on_failure=lambda _error: None)
+    async with aiohttp.ClientSession(
+        connector=connector, auto_decompress=False, skip_auto_headers=("Accept-Encoding",)
+    ) as client:
+        yield client
+    await connector.wait_closed(5.0)
+
+
+async def filled(direct: Api, namespace: str, count: int = 300) -> str:
+    """``count`` configmaps of about 1 KiB: their LIST is well over the 128 KiB threshold."""
+    path = f"/api/v1/namespaces/{namespace}/configmaps"
+    for i in range(count):
+        body = {"metadata": {"name": f"cm-{i:04d}"}, "data": {"v": secrets.token_hex(400)}}
+        await direct.ok("POST", path, body=body)
+    return path
+
+
+async def read_until_end(
+    session: aiohttp.ClientSession,
+    url: str,
+    headers: dict[str, str],
+    *,
+    then: Callable[[], Awaitable[bytes]] | None = None,
+    **kwargs: Any,
+) -> tuple[dict[str, str], bytes, bytes, int]:
+    """A watch-list's headers, its raw bytes and decoded bytes up to the end bookmark (and,
+    with ``then``, on until the marker ``then()`` returns after the end bookmark), and how
+    many gzip members that was (0 for an identity body)."""
+    async with session.get(url, headers=headers, **kwargs) as response:
+        assert response.status == 200, await response.text()
+        raw = bytearray()
+        members = GzipMembers()
+        decoded = bytearray()
+        gzipped = response.headers.get("Content-Encoding") == "gzip"
+        marker = END
+        async for chunk in response.content.iter_any():
+            raw += chunk
+            decoded += members.feed(chunk) if gzipped else chunk
+            if marker in decoded:
+                if marker is not END or then is None:
+                    break
+                marker = await then()
+        return dict(response.headers), bytes(raw), bytes(decoded), members.members
+
+
+def events(decoded: bytes) -> list[tuple[str, str, str]]:
+    out = []
+    for line in decoded.splitlines():
+        if line.strip():
+            event = json.loads(line)
+            meta = event["object"]["metadata"]
+            out.append((event["type"], meta.get("name", ""), meta["resourceVersion"]))
+    return out
+
+
+async def test_passthrough_keeps_a_gzip_list_byte_for_byte(
+    tmp_path: Path,
+    real_apiserver: RealApiServer,
+    direct: Api,
+    namespace: str,
+    raw: aiohttp.ClientSession,
+) -> None:
+    path = await filled(direct, namespace)
+    upstream = real_apiserver.write_kubeconfig(
+        tmp_path / "up.kubeconfig", token=real_apiserver.token
+    )
+    gzip_json = {"Accept": "application/json", "Accept-Encoding": "gzip"}
+    async with proxy_for_upstream(tmp_path, upstream, {"hub.enabled": False}) as running:
+        rv = (await direct.ok("GET", path))["metadata"]["resourceVersion"]
+        # The same RV (exact) both ways: the same list, so the same gzip stream.
+        query = f"?resourceVersion={rv}&resourceVersionMatch=Exact"
+        async with raw.get(
+            real_apiserver.url + path + query,
+            headers={**gzip_json, **real_apiserver.auth()},
+            ssl=real_apiserver.ssl_context(),
+        ) as answer:
+            direct_body, direct_headers = await answer.read(), answer.headers.copy()
+        async with raw.get(running.url + path + query, headers=gzip_json) as answer:
+            proxied_body, proxied_headers = await answer.read(), answer.headers.copy()
+    assert direct_headers.get("Content-Encoding") == "gzip", dict(direct_headers)
+    assert proxied_headers.get("Content-Encoding") == "gzip", dict(proxied_headers)
+    assert proxied_body == direct_body
+
+
+async def test_passthrough_keeps_the_members_of_a_gzip_watch_list(
+    tmp_path: Path,
+    real_apiserver: RealApiServer,
+    direct: Api,
+    namespace: str,
+    raw: aiohttp.ClientSession,
+) -> None:
+    if version_tuple(real_apiserver.version) < (1, 37):
+        pytest.skip(f"kube-apiserver {real_apiserver.version} does not compress watch-lists")
+    path = await filled(direct, namespace)
+    upstream = real_apiserver.write_kubeconfig(
+        tmp_path / "up.kubeconfig", token=real_apiserver.token
+    )
+    gzip_json = {"Accept": "application/json", "Accept-Encoding": "gzip"}
+
+    async def one_more() -> bytes:
+        """A change after the end bookmark: the apiserver flushes it as a member of its own."""
+        name = f"late-{secrets.token_hex(3)}"
+        await direct.ok("POST", path, body={"metadata": {"name": name}})
+        return name.encode()
+
+    async with proxy_for_upstream(tmp_path, upstream, {"hub.enabled": False}) as running:
+        d_headers, _, d_decoded, _ = await read_until_end(
+            raw,
+            real_apiserver.url + path + WATCH_LIST,
+            {**gzip_json, **real_apiserver.auth()},
+            ssl=real_apiserver.ssl_context(),
+        )
+        p_headers, _, p_decoded, p_members = await read_until_end(
+            raw, running.url + path + WATCH_LIST, gzip_json, then=one_more
+        )
+    assert d_headers.get("Content-Encoding") == "gzip", d_headers
+    assert p_headers.get("Content-Encoding") == "gzip", p_headers
+    assert "Accept-Encoding" in p_headers.get("Vary", ""), p_headers
+    # Members after the first came through whole: the late change's own member among them.
+    assert p_members >= 2, p_members
+    proxied = events(p_decoded)
+    assert proxied[:301] == events(d_decoded)  # 300 ADDED and the end bookmark
+    assert [(kind, name) for kind, name, _ in proxied[301:]] == [("ADDED", proxied[-1][1])]
+
+
+@pytest.mark.parametrize("hub", [True, False], ids=["hub", "passthrough"])
+async def test_a_client_that_does_not_ask_for_gzip_never_gets_it(
+    tmp_path: Path,
+    real_apiserver: RealApiServer,
+    direct: Api,
+    namespace: str,
+    raw: aiohttp.ClientSession,
+    hub: bool,
+) -> None:
+    path = await filled(direct, namespace)
+    upstream = real_apiserver.write_kubeconfig(
+        tmp_path / "up.kubeconfig", token=real_apiserver.token
+    )
+    plain = {"Accept": "application/json"}
+    async with proxy_for_upstream(tmp_path, upstream, {"hub.enabled": hub}) as running:
+        headers, raw_body, decoded, members = await read_until_end(
+            raw, running.url + path + WATCH_LIST, plain
+        )
+        async with raw.get(running.url + path, headers=plain) as answer:
+            listed = await answer.read()
+            list_encoding = answer.headers.get("Content-Encoding")
+    assert "Content-Encoding" not in headers, headers
+    assert members == 0 and raw_body == decoded
+    assert len(events(decoded)) == 301
+    assert list_encoding is None
+    assert len(json.loads(listed)["items"]) == 300

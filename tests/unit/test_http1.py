@@ -1,0 +1,148 @@
+"""The HTTP/1.1 response parser: framing by the rules of RFC 9112, fed in every split."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from multidict import CIMultiDict
+
+from watchproxy.upstream.http1 import (
+    EndOfMessage,
+    Event,
+    ProtocolError,
+    ResponseHead,
+    ResponseParser,
+    encode_head,
+)
+
+
+def parse(data: bytes, *, head_request: bool = False, eof: bool = False) -> list[Event]:
+    parser = ResponseParser()
+    parser.expect(head_request=head_request)
+    events = parser.feed(data)
+    if eof:
+        events += parser.feed_eof()
+    return events
+
+
+def body_of(events: list[Event]) -> bytes:
+    return b"".join(e for e in events if isinstance(e, bytes))
+
+
+def ends(events: list[Event]) -> list[bool]:
+    return [e.reusable for e in events if isinstance(e, EndOfMessage)]
+
+
+def test_content_length_body_is_delivered_and_the_connection_stays_usable() -> None:
+    events = parse(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nAudit-Id: x\r\n\r\nhello")
+    head = events[0]
+    assert isinstance(head, ResponseHead)
+    assert (head.status, head.reason, head.headers["Audit-Id"]) == (200, "OK", "x")
+    assert body_of(events) == b"hello"
+    assert ends(events) == [True]
+
+
+def test_chunked_body_with_extensions_and_trailers() -> None:
+    data = (
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"5;name=value\r\nhello\r\n1\r\n \r\n5\r\nworld\r\n0\r\nX-Trailer: t\r\n\r\n"
+    )
+    events = parse(data)
+    assert body_of(events) == b"hello world"
+    assert ends(events) == [True]
+
+
+@given(st.data())
+def test_every_split_of_the_bytes_gives_the_same_messages(data: st.DataObject) -> None:
+    wire = (
+        b"HTTP/1.1 100 Continue\r\n\r\n"
+        b"HTTP/1.1 201 Created\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"a\r\n0123456789\r\n3\r\nabc\r\n0\r\n\r\n"
+    )
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(wire)), max_size=8)))
+    parser = ResponseParser()
+    parser.expect()
+    events: list[Event] = []
+    start = 0
+    for cut in [*cuts, len(wire)]:
+        events += parser.feed(wire[start:cut])
+        start = cut
+    heads = [e for e in events if isinstance(e, ResponseHead)]
+    assert [h.status for h in heads] == [201]  # the interim 100 is skipped
+    assert body_of(events) == b"0123456789abc"
+    assert ends(events) == [True]
+    assert parser.idle
+
+
+def test_no_body_after_head_204_and_304() -> None:
+    assert ends(parse(b"HTTP/1.1 200 OK\r\nContent-Length: 99\r\n\r\n", head_request=True)) == [
+        True
+    ]
+    assert ends(parse(b"HTTP/1.1 204 No Content\r\n\r\n")) == [True]
+    assert ends(parse(b"HTTP/1.1 304 Not Modified\r\nContent-Length: 7\r\n\r\n")) == [True]
+
+
+def test_a_body_without_length_runs_to_the_close_and_the_connection_is_not_reused() -> None:
+    events = parse(b"HTTP/1.1 200 OK\r\n\r\npartial", eof=True)
+    assert body_of(events) == b"partial"
+    assert ends(events) == [False]
+
+
+def test_connection_close_and_http10_end_the_connection() -> None:
+    assert ends(parse(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")) == [
+        False
+    ]
+    assert ends(parse(b"HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n")) == [False]
+
+
+def test_two_responses_in_turn_on_one_parser() -> None:
+    parser = ResponseParser()
+    for body in (b"one", b"second"):
+        parser.expect()
+        events = parser.feed(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        assert body_of(events) == body
+        assert parser.idle
+
+
+@pytest.mark.parametrize(
+    "wire",
+    [
+        b"HTTP/2 200 OK\r\n\r\n",
+        b"HTTP/1.1 2000 OK\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nbad header\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\n folded: x\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcXY",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nab",  # a byte nobody asked for
+    ],
+)
+def test_malformed_answers_are_protocol_errors(wire: bytes) -> None:
+    with pytest.raises(ProtocolError):
+        parse(wire)
+
+
+def test_a_response_cut_mid_body_is_an_error_at_the_close() -> None:
+    parser = ResponseParser()
+    parser.expect()
+    parser.feed(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc")
+    with pytest.raises(ProtocolError):
+        parser.feed_eof()
+
+
+def test_an_endless_head_is_refused() -> None:
+    parser = ResponseParser()
+    parser.expect()
+    with pytest.raises(ProtocolError):
+        parser.feed(b"HTTP/1.1 200 OK\r\nX: " + b"a" * 70000)
+
+
+def test_request_head_refuses_line_breaks_in_headers() -> None:
+    head = encode_head("GET", "/api", "h:1", CIMultiDict({"Accept": "application/json"}))
+    assert head == b"GET /api HTTP/1.1\r\nHost: h:1\r\nAccept: application/json\r\n\r\n"
+    with pytest.raises(ValueError):
+        encode_head("GET", "/api", "h", CIMultiDict({"X": "a\r\nEvil: 1"}))
