@@ -115,9 +115,8 @@ class Proxy:
             self.upstream.probe, probe_policy(config), self.metrics, rng=self.rng
         )
         self.upstream.connectivity = self.connectivity
-        self.client_limiter: ClientRateLimiter | None = None
-        if rl.per_client_qps > 0:
-            self.client_limiter = ClientRateLimiter(rl.per_client_qps, rl.per_client_burst)
+        # A rate of 0 is unlimited: the limiter then admits every request at once.
+        self.client_limiter = ClientRateLimiter(rl.per_client_qps, rl.per_client_burst)
         self.forwarder = Forwarder(
             self.upstream,
             max_body_bytes=config.limits.max_body_bytes,
@@ -163,7 +162,6 @@ class Proxy:
         self._loop_handler: tuple[asyncio.AbstractEventLoop, Any] | None = None
 
     def _client_limit(self, key: str) -> float:
-        assert self.client_limiter is not None
         return self.client_limiter.check(key, time.monotonic())
 
     def ready(self) -> bool:
@@ -220,7 +218,7 @@ class Proxy:
             ),
             allowed_hosts=self.config.listen.allowed_hosts,
             hub=HubEndpoint(self.hub) if self.hub is not None else None,
-            client_limit=self._client_limit if self.client_limiter is not None else None,
+            client_limit=self._client_limit,
             watch_errors=ErroredWatchLimiter(
                 self.config.ratelimit.watch_errors_per_second,
                 self.config.ratelimit.watch_errors_burst,

@@ -29,7 +29,7 @@ from watchproxy.kube.selectors import parse_label_selector
 from watchproxy.kube.watchevent import WatchEventError, decode_watch_line
 from watchproxy.kube.watchquery import InvalidListOptions, parse_watch_query
 from watchproxy.policy.access import AccessPolicy
-from watchproxy.server.api import reads_list_options, verb_of
+from watchproxy.server.routes import reads_list_options, verb_of
 from watchproxy.upstream.credentials import CredentialsError, from_kubeconfig
 
 METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "PROPFIND")

@@ -86,6 +86,10 @@ class KeyNotShared(Exception):
         self.reason = reason
 
 
+def _nobody_to_tell(shared: SharedWatch) -> None:
+    return None
+
+
 class SharedWatch:
     """The single upstream watch for one key, its cache, and the pulse that wakes subscribers."""
 
@@ -153,7 +157,8 @@ class SharedWatch:
         self._closing = False  # close() has begun: no new linger, subscribers end
         self._task: asyncio.Task[None] | None = None
         self._linger: asyncio.Task[None] | None = None
-        self.on_idle: Callable[[SharedWatch], None] | None = None
+        # What the owner does once no client is left (the hub retires the watch).
+        self.on_idle: Callable[[SharedWatch], None] = _nobody_to_tell
 
     # ---- subscriber side -------------------------------------------------------------------
 
@@ -223,7 +228,7 @@ class SharedWatch:
     async def _linger_then_stop(self) -> None:
         await asyncio.sleep(self.hub_config.linger_seconds)
         self._linger = None
-        if self.subscribers == 0 and self.on_idle is not None:
+        if self.subscribers == 0:
             self.on_idle(self)
 
     # ---- lifecycle ------------------------------------------------------------------------
@@ -304,8 +309,7 @@ class SharedWatch:
         if crashed:
             self._synced.set()
             self._notify()
-            if self.on_idle is not None:
-                self.on_idle(self)
+            self.on_idle(self)
         if cancelled:
             raise asyncio.CancelledError
 
@@ -362,8 +366,7 @@ class SharedWatch:
             self.failure = KeyNotShared(refusal.reason)
         self._synced.set()
         self._notify()
-        if self.on_idle is not None:
-            self.on_idle(self)
+        self.on_idle(self)
 
     def debug(self) -> dict[str, Any]:
         newest = self.cache.next_seq

@@ -31,17 +31,15 @@ class ImpersonationRefused(Forbidden):
 # Clients send the same Host on every request: each answer is kept (bounded, whatever a client
 # sends).
 @functools.lru_cache(maxsize=256)
-def host_allowed(host_header: str | None, allowed: tuple[str, ...]) -> bool:
-    """True if the Host (with or without its port) is in the allowlist."""
+def host_name(host_header: str | None) -> str | None:
+    """The name part of a Host header, lower case (an IPv6 literal keeps its brackets)."""
     if not host_header:
-        return False
+        return None
     host = host_header.strip().lower()
     if host.startswith("["):
         end = host.find("]")
-        name = host[: end + 1] if end > 0 else host
-    else:
-        name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
-    return name in {a.lower() for a in allowed}
+        return host[: end + 1] if end > 0 else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
 
 
 class AccessPolicy:

@@ -1,6 +1,8 @@
 """The API port: what clients' KUBECONFIG points at. Routes each request to the hub or through.
 
-Every error is turned into a Kubernetes ``Status`` response here, at the edge.
+Each request is classified first, from values alone (``routes.classify``); then the handlers of
+its route kinds run in order, each small, until one answers. Every error is turned into a
+Kubernetes ``Status`` response here, at the edge.
 """
 
 from __future__ import annotations
@@ -15,40 +17,27 @@ from typing import Protocol
 
 from aiohttp import web
 
-from watchproxy.errors import BadRequest, ProxyError, TooManyRequests, UpstreamUnavailable
-from watchproxy.kube.apipath import ApiPath, parse_api_path
-from watchproxy.kube.headers import impersonates
-from watchproxy.kube.watchquery import QUICK_END_SECONDS, WatchQuery, parse_watch_query
+from watchproxy.errors import ProxyError, TooManyRequests
+from watchproxy.kube.apipath import ApiPath
+from watchproxy.kube.watchquery import QUICK_END_SECONDS, WatchQuery
 from watchproxy.metrics import Metrics
-from watchproxy.policy.access import (
-    AccessPolicy,
-    HostNotAllowed,
-    ImpersonationRefused,
-    PolicyDenied,
-    ReadOnlyRefused,
-    host_allowed,
-)
+from watchproxy.policy.access import AccessPolicy
 from watchproxy.policy.clientlimits import ErroredWatchLimiter
 from watchproxy.policy.fairqueue import flow
 from watchproxy.server.clientgone import CLIENT_CLOSED_REQUEST, STARTED, EndsWithClient
-from watchproxy.server.consistentlist import ConsistentLists
-from watchproxy.server.listbatch import ListBatcher
 from watchproxy.server.listener import ConnectionGuard
 from watchproxy.server.passthrough import Forwarder
+from watchproxy.server.routes import Refusal, Route, RouteKind, Routing, classify
 from watchproxy.server.upgrade import UpgradeRelay
 
 log = logging.getLogger("watchproxy.server")
-
-UPGRADE_SUBRESOURCES = frozenset({"exec", "attach", "portforward"})
-# Set by the handler once it knows whether the answer is a stream (for the duration metrics).
-STREAM = web.RequestKey("watchproxy_stream", bool)
-VERB = web.RequestKey("watchproxy_verb", str)
-_METHOD_VERBS = {"HEAD": "get", "POST": "create", "PUT": "update", "PATCH": "patch"}
 
 # A client over its errored-watch budget is held this long at most, then told 429.
 MAX_ERROR_HOLD_SECONDS = 5.0
 # Set on a watch request: its errored-watch key, and whether it asked for a short timeout.
 _ERRORS_KEY = web.RequestKey("watchproxy.errored_watch", tuple[tuple[str, str, str], bool])
+
+Handler = Callable[[web.Request, Route], Awaitable[web.StreamResponse | None]]
 
 
 class WatchServer(Protocol):
@@ -63,6 +52,34 @@ class WatchServer(Protocol):
     ) -> web.Response | None: ...
 
 
+class ConsistentListServer(Protocol):
+    """Answers a LIST without a resourceVersion from the hub once its state is current, or
+    returns None to let the route's next kind answer."""
+
+    async def serve(
+        self, request: web.Request, api_path: ApiPath, query: WatchQuery
+    ) -> web.Response | None: ...
+
+
+class BatchedListServer(Protocol):
+    """Answers identical LISTs in flight together with one upstream LIST, or returns None
+    (an answer too big to share) to let the route's next kind answer."""
+
+    async def serve(self, request: web.Request) -> web.Response | None: ...
+
+
+class Declines:
+    """Stands in for a service that is not configured: it serves nothing. The router never
+    routes to one (see :class:`~watchproxy.server.routes.Routing`); it keeps the handlers'
+    collaborators typed as always present."""
+
+    async def serve(self, request: web.Request, *args: object) -> None:
+        return None
+
+    def serve_list(self, request: web.Request, *args: object) -> None:
+        return None
+
+
 def status_response(error: ProxyError) -> web.Response:
     response = web.Response(
         status=error.code, body=json.dumps(error.status()).encode(), content_type="application/json"
@@ -72,50 +89,8 @@ def status_response(error: ProxyError) -> web.Response:
     return response
 
 
-def reads_list_options(method: str, api_path: ApiPath) -> bool:
-    """Whether the apiserver decodes this request's query as ListOptions (list, watch,
-    deletecollection, the legacy ``/watch/`` paths). Elsewhere it ignores those parameters:
-    ``GET .../configmaps/NAME?watch=1&limit=abc`` is a plain GET, answered 200."""
-    if api_path.resource is None or api_path.subresource is not None:
-        return False
-    if method == "GET":
-        return api_path.is_collection or api_path.legacy_watch
-    return method == "DELETE" and api_path.is_collection and not api_path.legacy_watch
-
-
-def verb_of(method: str, api_path: ApiPath, watch: bool) -> str:
-    """The Kubernetes verb of a request, as the apiserver's audit and metrics name it.
-
-    ``watch`` is the decoded ``watch`` parameter; it matters only on a collection."""
-    if api_path.kind in ("discovery", "other") or api_path.resource is None:
-        return "get" if method in ("GET", "HEAD") else method.lower()
-    if api_path.subresource in UPGRADE_SUBRESOURCES or api_path.subresource == "proxy":
-        return "connect"
-    if method in ("GET", "HEAD"):
-        if api_path.legacy_watch or (watch and api_path.is_collection):
-            return "watch"
-        return "list" if api_path.is_collection else "get"
-    if method == "DELETE":
-        return "deletecollection" if api_path.is_collection else "delete"
-    return {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(method, method.lower())
-
-
-def refused_verb(request: web.Request) -> str:
-    """The verb of a request that was refused before it was routed (for the metrics' labels):
-    from its path and query when they parse, else from its method alone."""
-    try:
-        api_path = parse_api_path(request.raw_path.partition("?")[0])
-        reads = reads_list_options(request.method, api_path)
-        watch = reads and parse_watch_query(request.rel_url.query).watch
-    except ProxyError:
-        return _METHOD_VERBS.get(request.method, request.method.lower())
-    return verb_of(request.method, api_path, watch)
-
-
-def is_streaming(verb: str, api_path: ApiPath, raw_query: str) -> bool:
-    if verb == "watch":
-        return True
-    return api_path.subresource == "log" and "follow=true" in raw_query
+def no_client_limit(remote: str) -> float:
+    return 0.0
 
 
 class ApiHandler:
@@ -128,92 +103,147 @@ class ApiHandler:
         metrics: Metrics,
         policy: AccessPolicy,
         allowed_hosts: tuple[str, ...],
+        guard: ConnectionGuard,
+        relay: UpgradeRelay,
+        watch_errors: ErroredWatchLimiter,
         hub: WatchServer | None = None,
-        client_limit: Callable[[str], float] | None = None,
-        watch_errors: ErroredWatchLimiter | None = None,
-        guard: ConnectionGuard | None = None,
-        relay: UpgradeRelay | None = None,
-        list_batcher: ListBatcher | None = None,
-        consistent_lists: ConsistentLists | None = None,
+        client_limit: Callable[[str], float] = no_client_limit,
+        list_batcher: BatchedListServer | None = None,
+        consistent_lists: ConsistentListServer | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.guard = guard
-        self.list_batcher = list_batcher
-        self.consistent_lists = consistent_lists
         self.relay = relay
         self.forwarder = forwarder
         self.metrics = metrics
-        self.policy = policy
-        self.allowed_hosts = allowed_hosts
-        self.hub = hub
-        self.client_limit = client_limit
         self.watch_errors = watch_errors
+        self.client_limit = client_limit
+        self.routing = Routing.of(
+            allowed_hosts,
+            policy,
+            hub=hub is not None,
+            consistent_lists=hub is not None and consistent_lists is not None,
+            list_batching=list_batcher is not None,
+        )
+        self.hub: WatchServer = hub or Declines()
+        self.list_batcher: BatchedListServer = list_batcher or Declines()
+        self.consistent_lists: ConsistentListServer = consistent_lists or Declines()
         self._clock = clock
+        self._streams = metrics.in_flight_by("stream")
+        # Every request in flight, read by its gauge at scrape time (no lock per request).
+        self.in_flight = 0
+        metrics.in_flight.labels("request").set_function(lambda: self.in_flight)
+        self._handlers: dict[RouteKind, Handler] = {
+            RouteKind.UPGRADE: self._upgrade,
+            RouteKind.HUB_WATCH: self._hub_watch,
+            RouteKind.CACHED_LIST: self._cached_list,
+            RouteKind.CONSISTENT_LIST: self._consistent_list,
+            RouteKind.BATCHED_LIST: self._batched_list,
+            RouteKind.PASSTHROUGH_STREAM: self._passthrough_stream,
+            RouteKind.PASSTHROUGH: self._passthrough,
+        }
         # Set at shutdown. Watches, streams and upgrades still arriving on open keep-alive
         # connections (clients re-watching at once) are refused, so no watch starts upstream
         # after the signal; one-shot requests are still answered, so a client in the middle of
         # its work loses nothing. Every answer then closes its connection, and the client
         # reconnects to the next instance.
         self.draining = False
-        # Every request in flight, read by its gauge at scrape time (no lock per request).
-        self.in_flight = 0
-        metrics.in_flight.labels("request").set_function(lambda: self.in_flight)
 
     async def __call__(self, request: web.Request) -> web.StreamResponse:
         started = self._clock()
         self.in_flight += 1
-        lost = None
-        if self.guard is not None:
-            self.guard.request_started(request.transport)
-            lost = self.guard.lost_signal(request.transport)
+        transport = request.transport
+        self.guard.request_started(transport)
         response: web.StreamResponse | None = None
-        verb: str | None = None
         try:
+            route = classify(
+                request.method,
+                request.raw_path,
+                request.query,
+                request.headers,
+                self.routing,
+                draining=self.draining,
+            )
             # Whatever the request waits on upstream ends when its client's connection does.
-            with EndsWithClient(lost) as scope:
-                verb, response = await self._handle(request)
+            with EndsWithClient(self.guard.lost_signal(transport)) as scope:
+                response = await self._serve(request, route)
         except ProxyError as error:
-            if isinstance(error, HostNotAllowed):
-                self.metrics.rejected.labels("host").inc()
-                log.warning("refused Host %r from %s", request.host, request.remote)
-            verb = refused_verb(request)
             response = status_response(error)
         finally:
             self.in_flight -= 1
-            if self.guard is not None:
-                self.guard.request_finished(request.transport)
+            self.guard.request_finished(transport)
         finished = self._clock()
         if scope.client_left:
             # Nobody reads this answer: it is for the metrics (the status the client saw, if
             # any). Leaving is the client's choice, not a watch that failed.
-            verb = request.get(VERB) or refused_verb(request)
             response = request.get(STARTED) or web.Response(status=CLIENT_CLOSED_REQUEST)
         else:
-            assert response is not None and verb is not None
-            self._count_errored_watch(request, response, finished - started)
+            assert response is not None
+            if route.verb == "watch":
+                self._count_errored_watch(request, response, finished - started)
         if self.draining:
             response.force_close()
-        stream = request.get(STREAM, False) or response.status == 101
-        self.metrics.request_done(verb, response.status, finished - started, stream=stream)
+        stream = route.streaming or response.status == 101
+        self.metrics.request_done(route.verb, response.status, finished - started, stream=stream)
         return response
+
+    async def _serve(self, request: web.Request, route: Route) -> web.StreamResponse:
+        if route.refusal is not None:
+            return self._refuse(request, route, route.refusal)
+        verb = route.verb
+        if verb == "watch" or verb == "list":
+            self._check_client_limit(request, verb)
+            if verb == "watch" and route.query is not None:
+                await self._hold_errored_client(request, route.query)
+        handlers = self._handlers
+        for kind in route.kinds:
+            response = await handlers[kind](request, route)
+            if response is not None:
+                return response
+        raise AssertionError(f"no handler answered {route.kinds}")  # the last never declines
+
+    def _refuse(self, request: web.Request, route: Route, why: Refusal) -> web.StreamResponse:
+        assert route.error is not None
+        if why.counted:
+            self.metrics.rejected.labels(why.value).inc()
+        if why is Refusal.HOST:
+            log.warning("refused Host %r from %s", request.host, request.remote)
+        elif why is Refusal.PATH:
+            raw_path = request.raw_path.partition("?")[0]
+            log.warning("refused non-canonical path %r from %s", raw_path[:200], request.remote)
+        elif why.counted:
+            raw_path = request.raw_path.partition("?")[0]
+            log.info(
+                "refused (%s) %s %s from %s",
+                why.value,
+                request.method,
+                raw_path[:200],
+                request.remote,
+            )
+        return status_response(route.error)
+
+    def _check_client_limit(self, request: web.Request, verb: str) -> None:
+        wait = self.client_limit(request.remote or "")
+        if wait > 0:
+            self.metrics.throttled.labels("client").inc()
+            raise TooManyRequests(
+                f"client {request.remote} exceeds its {verb} rate limit", retry_after=wait
+            )
 
     def _count_errored_watch(
         self, request: web.Request, response: web.StreamResponse, took: float
     ) -> None:
         noted = request.get(_ERRORS_KEY)
-        if noted is None or self.watch_errors is None:
+        if noted is None:
             return
         key, short_timeout = noted
         if response.status >= 400 or (took < QUICK_END_SECONDS and not short_timeout):
             self.watch_errors.record_error(key, self._clock())
 
-    async def _hold_errored_client(
-        self, request: web.Request, raw_path: str, query: WatchQuery
-    ) -> None:
+    async def _hold_errored_client(self, request: web.Request, query: WatchQuery) -> None:
         """A client whose watches keep ending in errors waits before the next one is served,
         so that a library re-watching in a tight loop costs little (and nothing upstream)."""
-        if self.watch_errors is None:
-            return
+        raw_path = request.raw_path.partition("?")[0]
         key = (request.remote or "", request.headers.get("User-Agent", ""), raw_path)
         timeout = query.timeout_seconds
         request[_ERRORS_KEY] = (key, timeout is not None and 0 < timeout <= QUICK_END_SECONDS)
@@ -240,108 +270,51 @@ class ApiHandler:
             credential = hashlib.sha256(auth.encode()).hexdigest()[:16] if auth else ""
         return request.remote or "", request.headers.get("User-Agent", ""), credential
 
-    async def _handle(self, request: web.Request) -> tuple[str, web.StreamResponse]:
-        if not host_allowed(request.headers.get("Host"), self.allowed_hosts):
-            raise HostNotAllowed(f"Host {request.headers.get('Host')!r} is not allowed")
-        raw_path, _, raw_query = request.raw_path.partition("?")
-        try:
-            api_path = parse_api_path(raw_path)
-        except BadRequest:
-            self.metrics.rejected.labels("path").inc()
-            log.warning("refused non-canonical path %r from %s", raw_path[:200], request.remote)
-            raise
-        query: WatchQuery | None = None
-        if reads_list_options(request.method, api_path):
-            query = parse_watch_query(request.rel_url.query)
-        watch = bool(query and query.watch)
-        verb = verb_of(request.method, api_path, watch)
-        request[VERB] = verb
-        try:
-            # The apiserver serves "x/" as "x": so must every rule written for "x" apply to it.
-            self.policy.check(
-                request.method, raw_path[:-1] if api_path.trailing_slash else raw_path
-            )
-            self.policy.check_impersonation(request.headers.keys())
-        except (ReadOnlyRefused, PolicyDenied, ImpersonationRefused) as refused:
-            reason = (
-                "read-only"
-                if isinstance(refused, ReadOnlyRefused)
-                else "impersonation"
-                if isinstance(refused, ImpersonationRefused)
-                else "policy"
-            )
-            self.metrics.rejected.labels(reason).inc()
-            log.info(
-                "refused (%s) %s %s from %s", reason, request.method, raw_path[:200], request.remote
-            )
-            raise
-        streaming = is_streaming(verb, api_path, raw_query)
-        request[STREAM] = streaming
-        if self.draining and (streaming or request.headers.get("Upgrade")):
-            raise UpstreamUnavailable("watchproxy is shutting down", retry_after=1)
-        if request.headers.get("Upgrade") or api_path.subresource in UPGRADE_SUBRESOURCES:
-            if self.relay is None or api_path.subresource not in UPGRADE_SUBRESOURCES:
-                raise BadRequest(f"watchproxy does not relay upgrades on {raw_path}")
-            upgrades = self.metrics.in_flight_by("stream")
-            upgrades.inc()
-            try:
-                with flow(self._flow_of(request)):
-                    return verb, await self.relay.relay(request)
-            finally:
-                upgrades.dec()
-        if verb in ("watch", "list") and self.client_limit is not None:
-            wait = self.client_limit(request.remote or "")
-            if wait > 0:
-                self.metrics.throttled.labels("client").inc()
-                raise TooManyRequests(
-                    f"client {request.remote} exceeds its {verb} rate limit", retry_after=wait
-                )
-        if verb == "watch" and query is not None:
-            await self._hold_errored_client(request, raw_path, query)
-        # Someone else's view (impersonation forwarded): the hub's state is not theirs to serve.
-        hub = None if impersonates(request.headers) else self.hub
-        if verb == "list" and hub is not None and query is not None:
-            cached = hub.serve_list(request, api_path, query)
-            if cached is None and self.consistent_lists is not None and request.method == "GET":
-                # Its probe is charged like a batched LIST: to the client that starts it.
-                with flow(self._flow_of(request)):
-                    cached = await self.consistent_lists.serve(request, api_path, query)
-            if cached is not None:
-                return verb, cached
-        # A negative timeoutSeconds is valid and ends the watch at once: the apiserver's call.
-        shareable = query is not None and (query.timeout_seconds or 0) >= 0
-        if verb == "watch" and hub is None and self.hub is not None:
-            self.metrics.passthrough_watches.labels("impersonation").inc()
-        if verb == "watch" and hub is not None and query is not None and shareable:
-            hub_streams = self.metrics.in_flight_by("stream")
-            hub_streams.inc()
-            try:
-                served = await hub.serve(request, api_path, query)
-            finally:
-                hub_streams.dec()
-            if served is not None:
-                return verb, served
-        if (
-            verb == "list"
-            and self.list_batcher is not None
-            and request.method == "GET"
-            and query is not None
-            and not query.resource_version
-            and not query.continue_token
-        ):
-            with flow(self._flow_of(request)):
-                batched = await self.list_batcher.serve(request)
-            if batched is not None:
-                return verb, batched
-        gauge = self.metrics.in_flight_by("stream") if streaming else None
-        if gauge is not None:
-            gauge.inc()
+    # The handlers, one per route kind: an answer, or None to let the route's next kind answer.
+
+    async def _upgrade(self, request: web.Request, route: Route) -> web.StreamResponse:
+        self._streams.inc()
         try:
             with flow(self._flow_of(request)):
-                return verb, await self.forwarder.forward(request, verb=verb, streaming=streaming)
+                return await self.relay.relay(request)
         finally:
-            if gauge is not None:
-                gauge.dec()
+            self._streams.dec()
+
+    async def _hub_watch(self, request: web.Request, route: Route) -> web.StreamResponse | None:
+        assert route.api_path is not None and route.query is not None
+        self._streams.inc()
+        try:
+            return await self.hub.serve(request, route.api_path, route.query)
+        finally:
+            self._streams.dec()
+
+    async def _cached_list(self, request: web.Request, route: Route) -> web.Response | None:
+        assert route.api_path is not None and route.query is not None
+        return self.hub.serve_list(request, route.api_path, route.query)
+
+    async def _consistent_list(self, request: web.Request, route: Route) -> web.Response | None:
+        assert route.api_path is not None and route.query is not None
+        # Its probe is charged like a batched LIST: to the client that starts it.
+        with flow(self._flow_of(request)):
+            return await self.consistent_lists.serve(request, route.api_path, route.query)
+
+    async def _batched_list(self, request: web.Request, route: Route) -> web.Response | None:
+        with flow(self._flow_of(request)):
+            return await self.list_batcher.serve(request)
+
+    async def _passthrough_stream(self, request: web.Request, route: Route) -> web.StreamResponse:
+        if route.unshared is not None:
+            self.metrics.passthrough_watches.labels(route.unshared).inc()
+        self._streams.inc()
+        try:
+            with flow(self._flow_of(request)):
+                return await self.forwarder.forward(request, verb=route.verb, streaming=True)
+        finally:
+            self._streams.dec()
+
+    async def _passthrough(self, request: web.Request, route: Route) -> web.StreamResponse:
+        with flow(self._flow_of(request)):
+            return await self.forwarder.forward(request, verb=route.verb, streaming=False)
 
 
 def build_api_app(
