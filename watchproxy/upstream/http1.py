@@ -77,7 +77,9 @@ def encode_head(method: str, target: str, host: str, headers: CIMultiDict[str]) 
     return "".join(parts).encode("latin-1")
 
 
-def _parse_head(head: bytes) -> tuple[int, str, CIMultiDict[str], bool]:
+def parse_head(head: bytes) -> tuple[int, str, CIMultiDict[str], bool]:
+    """Status, reason, headers of a response head (ending in a blank line), and whether it is
+    HTTP/1.0."""
     try:
         text = head.decode("latin-1")
     except UnicodeDecodeError:  # pragma: no cover - latin-1 decodes every byte
@@ -222,7 +224,7 @@ class ResponseParser:
         return EndOfMessage(self._keep_alive)
 
     def _begin(self, head: bytes) -> ResponseHead | None:
-        status, reason, headers, http10 = _parse_head(head)
+        status, reason, headers, http10 = parse_head(head)
         if 100 <= status < 200 and status != 101:
             return None  # an interim answer (100 Continue, 103): the real one follows
         connection = headers.get("Connection", "").lower()

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from multidict import CIMultiDict
 from yarl import URL
 
+from watchproxy.upstream.http1 import ProtocolError, encode_head, parse_head
+
 MAX_HEAD_BYTES = 65536
 # A refusal is a Status of a few hundred bytes; a bigger body is cut, never buffered unbounded.
 MAX_REFUSAL_BYTES = 1 << 20
@@ -74,34 +76,6 @@ def _keep_alive(writer: asyncio.StreamWriter) -> None:
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
 
 
-def encode_request_head(method: str, target: str, host: str, headers: CIMultiDict[str]) -> bytes:
-    lines = [f"{method} {target} HTTP/1.1", f"Host: {host}"]
-    for name, value in headers.items():
-        if "\r" in value or "\n" in value:
-            raise ValueError(f"header {name} holds a line break")
-        lines.append(f"{name}: {value}")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-
-
-def parse_response_head(head: bytes) -> tuple[int, CIMultiDict[str]]:
-    """The status code and headers of an HTTP/1.1 response head (ending in a blank line)."""
-    try:
-        text = head.decode("latin-1")
-        status_line, *header_lines = text.rstrip("\r\n").split("\r\n")
-        version, code, *_ = status_line.split(" ", 2)
-        if not version.startswith("HTTP/1.") or len(code) != 3 or not code.isdigit():
-            raise BadAnswer(f"not an HTTP/1.1 status line: {status_line[:80]!r}")
-        headers: CIMultiDict[str] = CIMultiDict()
-        for line in header_lines:
-            name, sep, value = line.partition(":")
-            if not sep or not name or name != name.strip():
-                raise BadAnswer(f"malformed header line: {line[:80]!r}")
-            headers.add(name, value.strip())
-    except ValueError as exc:
-        raise BadAnswer(f"malformed response head: {exc}") from None
-    return int(code), headers
-
-
 async def read_refusal_body(reader: asyncio.StreamReader, headers: CIMultiDict[str]) -> bytes:
     """The body of a non-101 answer, by its Content-Length, chunks, or up to the close."""
     if "chunked" in headers.get("Transfer-Encoding", "").lower():
@@ -149,7 +123,7 @@ async def open_upgrade(
     _keep_alive(writer)
     try:
         host = url.raw_authority.rpartition("@")[2]
-        writer.write(encode_request_head(method, target, host, headers))
+        writer.write(encode_head(method, target, host, headers))
         async with asyncio.timeout(answer_timeout):
             try:
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -157,7 +131,10 @@ async def open_upgrade(
                 raise BadAnswer(f"response head longer than {MAX_HEAD_BYTES} bytes") from None
             except asyncio.IncompleteReadError:
                 raise BadAnswer("the apiserver closed the connection before answering") from None
-            status, answer_headers = parse_response_head(head)
+            try:
+                status, _reason, answer_headers, _http10 = parse_head(head)
+            except ProtocolError as error:
+                raise BadAnswer(str(error)) from None
             body = b""
             if status != 101:
                 try:
