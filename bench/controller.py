@@ -197,6 +197,7 @@ def proxies(kubeconfig: str, workdir: Path) -> Iterator[dict[str, tuple[str, Pro
         wait_http(f"http://127.0.0.1:{kport}/version", "kubectl proxy", workdir / "kubectl.log")
         yield {
             "watchproxy": (f"http://127.0.0.1:{port}", Process("watchproxy", watchproxy)),
+            "watchproxy-admin": (f"http://127.0.0.1:{admin}", Process("watchproxy", watchproxy)),
             "kubectl": (f"http://127.0.0.1:{kport}", Process("kubectl proxy", kubectl)),
         }
     finally:
@@ -257,6 +258,32 @@ def run_cell(
     )  # fmt: skip
 
 
+def limiter_state(admin_url: str) -> str:
+    """watchproxy's own account of its upstream limiting, from its /metrics."""
+    with urllib.request.urlopen(admin_url + "/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    wanted = (
+        "watchproxy_upstream_concurrency_limit ",
+        "watchproxy_upstream_concurrency_limit_changes_total",
+        "watchproxy_ratelimit_wait_seconds_total",
+        "watchproxy_upstream_connections ",
+        "watchproxy_upstream_connection_attempts_total",
+    )
+    lines = [line for line in text.splitlines() if line.startswith(wanted)]
+    for histogram in (
+        "watchproxy_request_duration_seconds",
+        "watchproxy_upstream_request_duration_seconds",
+    ):
+        total = count = 0.0
+        for line in text.splitlines():
+            if line.startswith(histogram + "_sum"):
+                total += float(line.rsplit(" ", 1)[1])
+            elif line.startswith(histogram + "_count"):
+                count += float(line.rsplit(" ", 1)[1])
+        lines.append(f"{histogram} mean {1000 * total / max(count, 1):.2f} ms of {count:.0f}")
+    return "; ".join(lines)
+
+
 def report(cells: list[Cell], *, pushback: bool) -> None:
     by: dict[tuple[str, int], list[Cell]] = {}
     for cell in cells:
@@ -308,6 +335,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds (medians)")
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--pushback", action="store_true", help="second phase: APF rejects")
+    parser.add_argument(
+        "--limits", action="store_true", help="print watchproxy's upstream limit after each cell"
+    )
     a = parser.parse_args()
     binary = go_binary("gocontroller")
     modes = a.modes.split(",")
@@ -345,6 +375,8 @@ def main() -> None:
                                     watched=watched, api=api if a.pushback else None,
                                 )
                             )  # fmt: skip
+                            if mode == "watchproxy" and a.limits:
+                                print(f"N={n}: {limiter_state(fronts['watchproxy-admin'][0])}")
             report(cells, pushback=a.pushback)
         finally:
             server.stop()

@@ -23,7 +23,9 @@ from watchproxy.policy.clientlimits import ClientRateLimiter, ErroredWatchLimite
 from watchproxy.policy.ratelimit import UpstreamLimiter
 from watchproxy.server.admin import build_admin_app
 from watchproxy.server.api import ApiHandler, build_api_app
+from watchproxy.server.connection import IDLE_TIMEOUT_SECONDS
 from watchproxy.server.consistentlist import ConsistentLists
+from watchproxy.server.fastlane import FastLane
 from watchproxy.server.listbatch import ListBatcher
 from watchproxy.server.listener import ConnectionGuard, status_server_factory
 from watchproxy.server.passthrough import Forwarder
@@ -40,6 +42,9 @@ from watchproxy.upstream.watchsource import UpstreamWatchSource
 __all__ = ["Proxy", "UpstreamTarget", "from_kubeconfig"]
 
 log = logging.getLogger("watchproxy")
+
+# An aiohttp keep-alive timeout that never fires (about 30 years).
+KEEPALIVE_NEVER = 1e9
 
 
 def backoff_policy(config: Config) -> BackoffPolicy:
@@ -155,6 +160,8 @@ class Proxy:
                 metrics=self.metrics,
             )
         self._handler: ApiHandler | None = None
+        # Serves plain one-shot requests without aiohttp's server (server.fastlane).
+        self.fast_lane: FastLane | None = None
         self.api_port = 0
         self.admin_port = 0
         self._runners: list[web.AppRunner] = []
@@ -225,6 +232,7 @@ class Proxy:
             ),
         )
         self._handler = handler
+        self.fast_lane = guard.fast_lane = FastLane(handler)
         api_app = build_api_app(handler, max_body_bytes=self.config.limits.max_body_bytes)
         admin_app = build_admin_app(
             metrics=self.metrics, ready=self.ready, debug_watches=self.debug_watches
@@ -259,6 +267,10 @@ class Proxy:
             app,
             access_log=None,
             shutdown_timeout=self.config.limits.shutdown_grace_seconds / 2,
+            # On the API port idle connections are the guard's to close (server.connection):
+            # aiohttp's timer does not see the requests the fast lane serves, and would close
+            # a busy connection as idle.
+            keepalive_timeout=IDLE_TIMEOUT_SECONDS if guard is None else KEEPALIVE_NEVER,
         )
         await runner.setup()
         self._runners.append(runner)
@@ -297,6 +309,8 @@ class Proxy:
                 await self.list_batcher.close()
             if self.consistent_lists is not None:
                 await self.consistent_lists.close()
+            if self._handler is not None:
+                await self._handler.guard.finish_fast_lane(grace / 2)
             # The API runner waits for the handlers still finishing (half the grace), then
             # cancels them and closes every connection.
             for runner in self._runners[:1]:

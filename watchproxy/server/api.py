@@ -12,7 +12,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Protocol
 
 from aiohttp import web
@@ -78,6 +78,21 @@ class Declines:
 
     def serve_list(self, request: web.Request, *args: object) -> None:
         return None
+
+
+def flow_key(
+    remote: str, headers: Mapping[str, str], forward_identity: bool
+) -> tuple[str, str, str]:
+    """Who gets a fair share of the upstream budget: one program, told apart by its source
+    address (one pod in node-local mode) and its User-Agent (in a sidecar every program comes
+    from 127.0.0.1, and client-go, kubectl and the other clients each send their own), and by
+    credential when clients' credentials are forwarded. Shared watches are the proxy's own
+    work and are not charged to any client."""
+    credential = ""
+    if forward_identity:
+        auth = headers.get("Authorization", "")
+        credential = hashlib.sha256(auth.encode()).hexdigest()[:16] if auth else ""
+    return remote, headers.get("User-Agent", ""), credential
 
 
 def status_response(error: ProxyError) -> web.Response:
@@ -192,7 +207,7 @@ class ApiHandler:
             return self._refuse(request, route, route.refusal)
         verb = route.verb
         if verb == "watch" or verb == "list":
-            self._check_client_limit(request, verb)
+            self.check_client_limit(request.remote or "", verb)
             if verb == "watch" and route.query is not None:
                 await self._hold_errored_client(request, route.query)
         handlers = self._handlers
@@ -222,12 +237,13 @@ class ApiHandler:
             )
         return status_response(route.error)
 
-    def _check_client_limit(self, request: web.Request, verb: str) -> None:
-        wait = self.client_limit(request.remote or "")
+    def check_client_limit(self, remote: str, verb: str) -> None:
+        """Raises TooManyRequests when the client at ``remote`` is over its LIST/WATCH rate."""
+        wait = self.client_limit(remote)
         if wait > 0:
             self.metrics.throttled.labels("client").inc()
             raise TooManyRequests(
-                f"client {request.remote} exceeds its {verb} rate limit", retry_after=wait
+                f"client {remote} exceeds its {verb} rate limit", retry_after=wait
             )
 
     def _count_errored_watch(
@@ -259,16 +275,7 @@ class ApiHandler:
         await asyncio.sleep(delay)
 
     def _flow_of(self, request: web.Request) -> tuple[str, str, str]:
-        """Who gets a fair share of the upstream budget: one program, told apart by its source
-        address (one pod in node-local mode) and its User-Agent (in a sidecar every program
-        comes from 127.0.0.1, and client-go, kubectl and the other clients each send their
-        own), and by credential when clients' credentials are forwarded. Shared watches are
-        the proxy's own work and are not charged to any client."""
-        credential = ""
-        if self.forwarder.forward_identity:
-            auth = request.headers.get("Authorization", "")
-            credential = hashlib.sha256(auth.encode()).hexdigest()[:16] if auth else ""
-        return request.remote or "", request.headers.get("User-Agent", ""), credential
+        return flow_key(request.remote or "", request.headers, self.forwarder.forward_identity)
 
     # The handlers, one per route kind: an answer, or None to let the route's next kind answer.
 

@@ -24,7 +24,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from http import HTTPStatus
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
@@ -32,20 +32,12 @@ from aiohttp.web_protocol import RequestHandler
 from watchproxy.errors import status_bytes
 from watchproxy.metrics import Metrics
 from watchproxy.server.clientgone import already_lost
+from watchproxy.server.connection import GuardedProtocol, State, status_reply
+
+if TYPE_CHECKING:
+    from watchproxy.server.fastlane import FastLane
 
 log = logging.getLogger("watchproxy.listener")
-
-
-def _status_reply(code: int, phrase: str, reason: str, message: str) -> bytes:
-    body = status_bytes(code, reason, message)
-    head = (
-        f"HTTP/1.1 {code} {phrase}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-    )
-    return head.encode() + body
-
-
-State = Literal["head", "idle", "active"]
 
 
 class ConnectionGuard:
@@ -77,6 +69,20 @@ class ConnectionGuard:
         for state in _STATES:
             metrics.connections.labels(state).set_function(self._counter(state))
         metrics.count_client_connections(lambda: self.open)
+        # Set once the API handler exists: requests the connections serve themselves.
+        self.fast_lane: FastLane | None = None
+        self.fast_tasks: set[asyncio.Task[None]] = set()
+
+    async def finish_fast_lane(self, timeout: float) -> None:
+        """At shutdown: wait up to ``timeout`` for the fast lane's requests in flight, then
+        cancel the rest (their clients' connections close next)."""
+        tasks = set(self.fast_tasks)
+        if not tasks:
+            return
+        _done, pending = await asyncio.wait(tasks, timeout=timeout)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
 
     def _counter(self, state: State) -> Callable[[], float]:
         return lambda: self._counts[state]
@@ -85,7 +91,7 @@ class ConnectionGuard:
         if self.max_connections and self.open >= self.max_connections and not self._shed_one():
             self.metrics.rejected.labels("connections").inc()
             return _Refuse(
-                _status_reply(
+                status_reply(
                     503,
                     "Service Unavailable",
                     "ServiceUnavailable",
@@ -205,112 +211,3 @@ class _Refuse(asyncio.Protocol):
         writer = cast(asyncio.WriteTransport, transport)
         writer.write(self.reply)
         writer.close()
-
-
-class GuardedProtocol(asyncio.Protocol):
-    """Delegates to aiohttp's protocol; adds the head deadline and the state the guard sheds by."""
-
-    def __init__(self, guard: ConnectionGuard, inner: asyncio.Protocol) -> None:
-        self._guard = guard
-        self._inner = inner
-        self._transport: asyncio.Transport | None = None
-        self._timer: asyncio.TimerHandle | None = None
-        self._state: State | None = None
-        self._got_bytes = False
-        self._shed = False
-        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        # Counted from here, not from connection_made: the loop may accept a whole batch of
-        # connections (calling this factory for each) before any of them is "made".
-        self._move("head")
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    def _move(self, state: State | None) -> None:
-        if state != self._state:
-            self._guard.moved(self, self._state, state)
-            self._state = state
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = cast(asyncio.Transport, transport)
-        self._inner.connection_made(transport)
-        if self._shed:  # shed between accept and now
-            self._transport.close()
-            return
-        self._guard.by_transport[transport] = self
-        self._start_timer()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._cancel_timer()
-        self._move(None)
-        if self._transport is not None:
-            self._guard.by_transport.pop(self._transport, None)
-        self._inner.connection_lost(exc)
-        if not self.lost.done():
-            self.lost.set_result(None)
-
-    def data_received(self, data: bytes) -> None:
-        if self._state == "idle":
-            # The next request on a keep-alive connection: its head has a deadline too.
-            self._move("head")
-            self._got_bytes = False
-            self._start_timer()
-        self._got_bytes = True
-        self._inner.data_received(data)
-
-    def eof_received(self) -> bool | None:
-        return self._inner.eof_received()
-
-    def pause_writing(self) -> None:
-        self._inner.pause_writing()
-
-    def resume_writing(self) -> None:
-        self._inner.resume_writing()
-
-    def request_started(self) -> None:
-        self._cancel_timer()
-        if self._state is not None:
-            self._move("active")
-
-    def request_finished(self) -> None:
-        closing = self._transport is None or self._transport.is_closing()
-        if self._state is not None and not closing:
-            self._move("idle")
-
-    def shed(self) -> None:
-        """Close this (idle or unfinished) connection to make room for a new one."""
-        self._cancel_timer()
-        # Out of the books now: the loop reports the loss only later, and the new connection
-        # being accepted must find the room already made.
-        self._move(None)
-        self._shed = True
-        if self._transport is not None:
-            self._transport.close()
-
-    def _start_timer(self) -> None:
-        self._cancel_timer()
-        if self._guard.header_timeout > 0:
-            loop = asyncio.get_running_loop()
-            self._timer = loop.call_later(self._guard.header_timeout, self._too_slow)
-
-    def _cancel_timer(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-    def _too_slow(self) -> None:
-        self._timer = None
-        if self._state != "head" or self._transport is None or self._transport.is_closing():
-            return
-        self._guard.metrics.rejected.labels("header-timeout").inc()
-        if self._got_bytes:
-            # Part of a head arrived: say why. A connection that sent nothing just closes.
-            self._transport.write(
-                _status_reply(
-                    408,
-                    "Request Timeout",
-                    "Timeout",
-                    f"request headers not received within {self._guard.header_timeout:g}s",
-                )
-            )
-        self._transport.close()

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 from aiohttp import web
-from multidict import CIMultiDict
+from multidict import CIMultiDict, CIMultiDictProxy
 
 from watchproxy.errors import BadRequest, PayloadTooLarge, UpstreamTimeout, UpstreamUnavailable
 from watchproxy.kube.headers import forwarded_credential, request_headers, response_headers
@@ -16,6 +16,8 @@ from watchproxy.server.clientgone import started
 from watchproxy.upstream.client import StreamedBody, Upstream, UpstreamResponse
 
 log = logging.getLogger("watchproxy.passthrough")
+
+Headers = CIMultiDictProxy[str] | CIMultiDict[str]
 
 
 # A body up to this size is read whole before the request goes upstream (one write, and a 401
@@ -91,22 +93,33 @@ class Forwarder:
     def outgoing(self, request: web.Request) -> tuple[CIMultiDict[str], str | None]:
         """The headers a client request carries upstream, and the credential it runs as in
         forward mode (None: the proxy's own)."""
+        return self.outgoing_headers(request.headers)
+
+    def outgoing_headers(self, client_headers: Headers) -> tuple[CIMultiDict[str], str | None]:
+        """:meth:`outgoing`, from the client's headers alone."""
         headers = request_headers(
-            request.headers,
+            client_headers,
             forward_identity=self.forward_identity,
             forward_impersonation=self.forward_impersonation,
         )
-        return headers, forwarded_credential(request.headers, self.forward_identity)
+        return headers, forwarded_credential(client_headers, self.forward_identity)
 
-    async def forward(
-        self, request: web.Request, *, verb: str, streaming: bool
-    ) -> web.StreamResponse:
-        body = await read_body(request, self.max_body_bytes)
-        headers, forwarded_auth = self.outgoing(request)
-        # raw_path is exactly what was checked by the path parser: forward those bytes.
-        upstream_response = await self.upstream.open(
-            request.method,
-            request.raw_path,
+    async def send(
+        self,
+        method: str,
+        target: str,
+        client_headers: Headers,
+        body: bytes | StreamedBody | None,
+        *,
+        verb: str,
+        streaming: bool,
+    ) -> UpstreamResponse:
+        """Send a client's request upstream; its answer comes back with the body unread.
+        ``target`` is the raw request target the router checked: those exact bytes go."""
+        headers, forwarded_auth = self.outgoing_headers(client_headers)
+        return await self.upstream.open(
+            method,
+            target,
             headers=headers,
             body=body,
             verb=verb,
@@ -114,6 +127,19 @@ class Forwarder:
             read_timeout=self.stream_idle_timeout,
             wait=False,
             forwarded_auth=forwarded_auth,
+        )
+
+    async def forward(
+        self, request: web.Request, *, verb: str, streaming: bool
+    ) -> web.StreamResponse:
+        body = await read_body(request, self.max_body_bytes)
+        upstream_response = await self.send(
+            request.method,
+            request.raw_path,
+            request.headers,
+            body,
+            verb=verb,
+            streaming=streaming,
         )
         body_whole = None if request.method == "HEAD" else upstream_response.whole_body()
         if body_whole is not None and upstream_response.status not in (204, 304):

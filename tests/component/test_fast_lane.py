@@ -1,0 +1,204 @@
+"""The API port's fast lane, on real sockets: plain requests answered without aiohttp's server,
+everything else handed to it, on one keep-alive connection, in order."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from tests.harness import running_proxy, wait_for
+
+CONFIGMAPS = "/api/v1/namespaces/default/configmaps"
+
+
+class Conn:
+    """One raw keep-alive connection to the API port."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    @classmethod
+    async def open(cls, port: int) -> Conn:
+        return cls(*await asyncio.open_connection("127.0.0.1", port))
+
+    def send(self, *requests: bytes) -> None:
+        self.writer.write(b"".join(requests))
+
+    async def answer(self) -> tuple[int, dict[str, str], bytes]:
+        """One whole answer: status, headers (lower-case names), body (chunks joined)."""
+        status_line = await asyncio.wait_for(self.reader.readline(), 10)
+        assert status_line.startswith(b"HTTP/1.1 "), status_line
+        headers: dict[str, str] = {}
+        while (line := await asyncio.wait_for(self.reader.readline(), 10)) != b"\r\n":
+            assert line, "connection closed inside a head"
+            name, _, value = line.decode("latin-1").partition(":")
+            headers[name.strip().lower()] = value.strip()
+        if "content-length" in headers:
+            body = await self.reader.readexactly(int(headers["content-length"]))
+        elif headers.get("transfer-encoding") == "chunked":
+            parts = []
+            while size := int((await self.reader.readline()).strip(), 16):
+                parts.append(await self.reader.readexactly(size))
+                assert await self.reader.readexactly(2) == b"\r\n"
+            assert await self.reader.readexactly(2) == b"\r\n"
+            body = b"".join(parts)
+        else:
+            body = b""
+        return int(status_line.split()[1]), headers, body
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def request(method: str, target: str, body: bytes | None = None, **headers: str) -> bytes:
+    lines = [f"{method} {target} HTTP/1.1", "Host: 127.0.0.1", "User-Agent: fast-lane-test"]
+    lines += [f"{name.replace('_', '-')}: {value}" for name, value in headers.items()]
+    if body is not None:
+        lines += ["Content-Type: application/json", f"Content-Length: {len(body)}"]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + (body or b"")
+
+
+def configmap(name: str, **data: str) -> bytes:
+    return json.dumps({"metadata": {"name": name}, "data": data}).encode()
+
+
+async def test_plain_and_delegated_requests_share_one_connection_in_order(tmp_path: Any) -> None:
+    async with running_proxy(tmp_path) as running:
+        lane = running.proxy.fast_lane
+        assert lane is not None
+        conn = await Conn.open(running.proxy.api_port)
+        try:
+            conn.send(request("POST", CONFIGMAPS, configmap("one", a="1")))
+            status, _, body = await conn.answer()
+            assert status == 201 and json.loads(body)["metadata"]["name"] == "one"
+            assert lane.served == 1
+            # A LIST the hub may answer goes to aiohttp's server; the next request is ours again.
+            conn.send(request("GET", CONFIGMAPS))
+            status, _, body = await conn.answer()
+            assert status == 200 and [i["metadata"]["name"] for i in json.loads(body)["items"]]
+            assert lane.served == 1
+            patch = json.dumps({"data": {"a": "2"}}).encode()
+            conn.send(
+                request("PATCH", CONFIGMAPS + "/one", patch).replace(
+                    b"application/json", b"application/merge-patch+json"
+                )
+            )
+            status, _, body = await conn.answer()
+            assert status == 200 and json.loads(body)["data"] == {"a": "2"}
+            assert lane.served == 2
+            # A watch (aiohttp's), then a GET (ours), on the same connection.
+            conn.send(request("GET", CONFIGMAPS + "?watch=1&timeoutSeconds=1"))
+            status, headers, body = await conn.answer()
+            assert status == 200 and headers["transfer-encoding"] == "chunked"
+            conn.send(request("GET", CONFIGMAPS + "/one"))
+            status, _, body = await conn.answer()
+            assert status == 200 and json.loads(body)["data"] == {"a": "2"}
+            assert lane.served == 3
+        finally:
+            conn.close()
+
+
+async def test_pipelined_requests_are_answered_in_the_order_sent(tmp_path: Any) -> None:
+    async with running_proxy(tmp_path) as running:
+        running.fake.store.create("configmaps", "default", {"metadata": {"name": "a"}})
+        running.fake.store.create("configmaps", "default", {"metadata": {"name": "b"}})
+        conn = await Conn.open(running.proxy.api_port)
+        try:
+            # Two plain requests in one write, then one behind a delegated LIST.
+            conn.send(request("GET", CONFIGMAPS + "/a"), request("GET", CONFIGMAPS + "/b"))
+            names = [json.loads((await conn.answer())[2])["metadata"]["name"] for _ in "ab"]
+            assert names == ["a", "b"]
+            conn.send(request("GET", CONFIGMAPS), request("GET", CONFIGMAPS + "/b"))
+            status, _, body = await conn.answer()
+            assert status == 200 and json.loads(body)["kind"] == "ConfigMapList"
+            status, _, body = await conn.answer()
+            assert status == 200 and json.loads(body)["metadata"]["name"] == "b"
+        finally:
+            conn.close()
+
+
+async def test_a_chunked_body_hands_the_connection_to_aiohttp(tmp_path: Any) -> None:
+    async with running_proxy(tmp_path) as running:
+        lane = running.proxy.fast_lane
+        assert lane is not None
+        conn = await Conn.open(running.proxy.api_port)
+        try:
+            body = configmap("chunked", k="v")
+            head = request("POST", CONFIGMAPS).replace(
+                b"\r\n\r\n",
+                b"\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n",
+            )
+            conn.send(head, b"%x\r\n%b\r\n0\r\n\r\n" % (len(body), body))
+            status, _, answer = await conn.answer()
+            assert status == 201 and json.loads(answer)["metadata"]["name"] == "chunked"
+            conn.send(request("GET", CONFIGMAPS + "/chunked"))
+            status, _, answer = await conn.answer()
+            assert status == 200 and json.loads(answer)["data"] == {"k": "v"}
+            assert lane.served == 0  # the rest of the connection was aiohttp's
+        finally:
+            conn.close()
+
+
+async def test_a_large_answer_is_relayed_whole_at_the_clients_pace(tmp_path: Any) -> None:
+    async with running_proxy(tmp_path) as running:
+        big = "x" * 900_000
+        running.fake.store.create(
+            "configmaps", "default", {"metadata": {"name": "big"}, "data": {"k": big}}
+        )
+        reader, writer = await asyncio.open_connection(
+            "127.0.0.1", running.proxy.api_port, limit=2**16
+        )
+        conn = Conn(reader, writer)
+        try:
+            conn.send(request("GET", CONFIGMAPS + "/big"))
+            await asyncio.sleep(0)  # the client reads nothing yet: the proxy must wait for it
+            status, headers, body = await conn.answer()
+            assert status == 200 and json.loads(body)["data"]["k"] == big
+            assert int(headers.get("content-length", len(body))) == len(body)
+            assert running.proxy.fast_lane is not None and running.proxy.fast_lane.served == 1
+        finally:
+            conn.close()
+
+
+async def test_an_unreachable_apiserver_is_a_status_from_the_fast_lane(tmp_path: Any) -> None:
+    async with running_proxy(tmp_path) as running:
+        lane = running.proxy.fast_lane
+        assert lane is not None
+        await running.fake.stop()
+        conn = await Conn.open(running.proxy.api_port)
+        try:
+            conn.send(request("GET", CONFIGMAPS + "/gone"))
+            status, headers, body = await conn.answer()
+            assert status == 503 and headers["content-type"] == "application/json"
+            assert json.loads(body)["kind"] == "Status" and lane.served == 1
+        finally:
+            conn.close()
+
+
+async def test_shutdown_lets_a_fast_lane_request_in_flight_finish(tmp_path: Any) -> None:
+    # A LIST neither the hub nor the batcher answers is a plain pass-through: the fast lane's.
+    overrides = {"limits.list_batch_max_bytes": 0, "hub.consistent_list_wait_seconds": 0}
+    async with running_proxy(tmp_path, overrides) as running:
+        running.fake.store.create("configmaps", "default", {"metadata": {"name": "a"}})
+        conn = await Conn.open(running.proxy.api_port)
+        running.fake.faults.hold_lists(True)
+        try:
+            conn.send(request("GET", CONFIGMAPS + "?limit=1"))
+            await wait_for(lambda: running.fake.faults.lists_held == 1, what="the LIST upstream")
+            stopping = asyncio.create_task(running.proxy.stop())
+            await wait_for(
+                lambda: (
+                    running.proxy.fast_lane is not None and running.proxy.fast_lane.handler.draining
+                ),
+                what="draining",
+            )
+            running.fake.faults.hold_lists(False)
+            status, headers, body = await conn.answer()
+            assert status == 200 and json.loads(body)["items"]
+            assert headers.get("connection") == "close"
+            assert running.proxy.fast_lane.served == 1
+            await stopping
+        finally:
+            running.fake.faults.hold_lists(False)
+            conn.close()

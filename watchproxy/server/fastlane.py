@@ -1,0 +1,231 @@
+"""The fast lane: plain one-shot pass-through requests, served without aiohttp's server.
+
+A busy controller sends GET, PATCH, POST, PUT and DELETE of single objects in a tight loop,
+and through aiohttp's server each paid for a request object, a handler task, a response object,
+a router lookup and a writer: more than the proxy's own work on the request, and on a small
+machine the difference between a sidecar that keeps up with ``kubectl proxy`` and one that
+does not. The connection (``server.connection``) parses such a request's head itself
+(``server.requesthead``), asks :meth:`FastLane.admit` whether the request's route is a plain
+pass-through, and if so runs :meth:`FastLane.serve`, which sends it upstream through the same
+:class:`~watchproxy.server.passthrough.Forwarder` (credentials, fair queueing, the adaptive
+limit, the pooled connections) and writes the answer to the socket itself: head and body in
+one write when the whole answer came at once. Everything else (watches, LISTs the hub or the
+batcher may answer, upgrades, refusals, anything unusual on the wire) goes to aiohttp's server
+as before, so the fast lane adds no rule of its own: it is the same route, served with fewer
+objects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import Callable, Mapping
+from http import HTTPStatus
+from typing import Protocol
+
+from multidict import CIMultiDict, CIMultiDictProxy, MultiDictProxy
+from yarl import URL
+
+from watchproxy.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable, status_bytes
+from watchproxy.kube.headers import response_headers
+from watchproxy.policy.fairqueue import flow
+from watchproxy.server.api import ApiHandler, flow_key
+from watchproxy.server.clientgone import CLIENT_CLOSED_REQUEST, EndsWithClient
+from watchproxy.server.passthrough import BUFFERED_BODY_BYTES
+from watchproxy.server.requesthead import RequestHead
+from watchproxy.server.routes import Route, RouteKind, classify
+from watchproxy.upstream.client import UpstreamResponse
+
+log = logging.getLogger("watchproxy.passthrough")
+
+_PLAIN = (RouteKind.PASSTHROUGH,)
+_LAST_CHUNK = b"0\r\n\r\n"
+# Answers that never have a body (RFC 9112 section 6.3).
+_NO_BODY = frozenset({204, 304})
+
+
+class ClientConnection(Protocol):
+    """The client's connection, as the fast lane writes to it."""
+
+    remote: str
+    lost: asyncio.Future[None]  # resolves when the connection is lost
+
+    def write(self, data: bytes) -> None: ...
+
+    async def drain(self) -> None:
+        """Wait until the transport's write buffer is below its high-water mark."""
+
+    def abort(self) -> None:
+        """Close the connection: an answer that cannot be completed must not look whole."""
+
+
+@functools.lru_cache(maxsize=1024)
+def decoded_query(raw_query: str) -> MultiDictProxy[str]:
+    """The query's parameters, decoded exactly as aiohttp decodes ``request.query``."""
+    return URL.build(query_string=raw_query, encoded=True).query
+
+
+def response_head(
+    status: int,
+    reason: str,
+    headers: CIMultiDict[str],
+    *,
+    length: int | None = None,
+    chunked: bool = False,
+    close: bool = False,
+) -> bytes:
+    """An answer's head. Header values come from the apiserver's answer as parsed (latin-1,
+    every line break refused), so they are written back byte for byte."""
+    parts = [f"HTTP/1.1 {status} {reason}\r\n"]
+    for name, value in headers.items():
+        parts += (name, ": ", value, "\r\n")
+    if length is not None:
+        parts.append(f"Content-Length: {length}\r\n")
+    if chunked:
+        parts.append("Transfer-Encoding: chunked\r\n")
+    if close:
+        parts.append("Connection: close\r\n")
+    parts.append("\r\n")
+    return "".join(parts).encode("latin-1")
+
+
+def error_reply(error: ProxyError, *, close: bool) -> bytes:
+    """A refusal as the aiohttp path answers it: a Status body with its HTTP code."""
+    body = status_bytes(error.code, error.reason, error.message)
+    headers: CIMultiDict[str] = CIMultiDict({"Content-Type": "application/json"})
+    if error.retry_after is not None:
+        headers["Retry-After"] = str(max(1, round(error.retry_after)))
+    phrase = HTTPStatus(error.code).phrase
+    head = response_head(error.code, phrase, headers, length=len(body), close=close)
+    return head + body
+
+
+class FastLane:
+    """Admits and serves the requests the connection may serve without aiohttp's server."""
+
+    def __init__(self, handler: ApiHandler, clock: Callable[[], float] = time.monotonic) -> None:
+        self.handler = handler
+        self._clock = clock
+        self.served = 0  # requests answered here (the rest went to aiohttp's server)
+
+    def admit(self, head: RequestHead) -> Route | None:
+        """The route of ``head`` when the fast lane serves it, else None (aiohttp serves it)."""
+        handler = self.handler
+        if handler.draining or head.body_length > BUFFERED_BODY_BYTES:
+            return None
+        if head.body_length > handler.forwarder.max_body_bytes:
+            return None  # aiohttp's path answers the 413
+        raw_query = head.target.partition("?")[2]
+        query: Mapping[str, str] = decoded_query(raw_query) if raw_query else _NO_QUERY
+        route = classify(head.method, head.target, query, head.headers, handler.routing)
+        if route.kinds != _PLAIN or route.verb == "watch":
+            return None
+        return route
+
+    async def serve(
+        self, head: RequestHead, route: Route, body: bytes, client: ClientConnection
+    ) -> None:
+        """Answer one admitted request on ``client``; counted as the aiohttp path counts it."""
+        handler = self.handler
+        started = self._clock()
+        self.served += 1
+        handler.in_flight += 1
+        sent = _Sent()
+        try:
+            with EndsWithClient(client.lost):
+                await self._answer(head, route, body, client, sent)
+        finally:
+            handler.in_flight -= 1
+        status = sent.status or CLIENT_CLOSED_REQUEST
+        took = self._clock() - started
+        handler.metrics.request_done(route.verb, status, took, stream=False)
+
+    async def _answer(
+        self, head: RequestHead, route: Route, body: bytes, client: ClientConnection, sent: _Sent
+    ) -> None:
+        forwarder = self.handler.forwarder
+        try:
+            if route.verb == "list":  # a LIST no shared service answers: still rate-limited
+                self.handler.check_client_limit(client.remote, route.verb)
+            with flow(flow_key(client.remote, head.headers, forwarder.forward_identity)):
+                upstream = await forwarder.send(
+                    head.method,
+                    head.target,
+                    head.headers,
+                    body or None,
+                    verb=route.verb,
+                    streaming=False,
+                )
+        except ProxyError as error:
+            client.write(error_reply(error, close=self.handler.draining))
+            sent.status = error.code
+            return
+        status = upstream.status
+        whole = upstream.whole_body()
+        if whole is not None and status not in _NO_BODY:
+            # The whole answer came at once (most do): head and body in one write.
+            upstream.release()
+            headers = response_headers(upstream.headers, keep_length=False)
+            client.write(
+                response_head(
+                    status,
+                    upstream.reason,
+                    headers,
+                    length=len(whole),
+                    close=self.handler.draining,
+                )
+                + whole
+            )
+            sent.status = status
+            return
+        await self._relay(head, upstream, client, sent)
+
+    async def _relay(
+        self, head: RequestHead, upstream: UpstreamResponse, client: ClientConnection, sent: _Sent
+    ) -> None:
+        """Copy an answer that is still arriving, at the pace the client reads it."""
+        status = upstream.status
+        upstream_chunked = upstream.headers.get("Transfer-Encoding", "").lower() == "chunked"
+        keep_length = not upstream_chunked and "Content-Length" in upstream.headers
+        chunked = not keep_length and status not in _NO_BODY
+        headers = response_headers(upstream.headers, keep_length=keep_length)
+        client.write(
+            response_head(
+                status, upstream.reason, headers, chunked=chunked, close=self.handler.draining
+            )
+        )
+        sent.status = status
+        ended = False
+        try:
+            async for chunk in upstream.chunks():
+                if chunk:
+                    client.write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked else chunk)
+                    await client.drain()
+            ended = True
+        except (UpstreamUnavailable, UpstreamTimeout) as exc:
+            reason = "idle" if isinstance(exc, UpstreamTimeout) else exc.message
+            log.info("upstream answer ended early (%s): %s %s", reason, head.method, head.target)
+            if keep_length:
+                client.abort()  # a body of a declared length that cannot be completed
+                return
+        finally:
+            if ended:
+                upstream.release()
+            else:
+                upstream.cut()
+        if chunked:
+            client.write(_LAST_CHUNK)
+
+
+class _Sent:
+    """The status the client has been sent (0: none yet)."""
+
+    __slots__ = ("status",)
+
+    def __init__(self) -> None:
+        self.status = 0
+
+
+_NO_QUERY: Mapping[str, str] = CIMultiDictProxy(CIMultiDict())
