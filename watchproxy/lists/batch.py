@@ -1,4 +1,4 @@
-"""Identical consistent LISTs share one upstream request (issue 16, part 2, in part).
+"""Identical consistent LISTs share one upstream request.
 
 A LIST without a resourceVersion asks for the current state (a quorum read). Such a request
 cannot reuse an answer the apiserver began before it arrived, but it can share the next one:
@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass
+from typing import Protocol
 
 from aiohttp import web
 from multidict import CIMultiDict
@@ -31,7 +32,7 @@ from prometheus_client import Counter
 from watchproxy.errors import ProxyError
 from watchproxy.kube.headers import response_headers
 from watchproxy.metrics import Metrics
-from watchproxy.server.passthrough import Forwarder
+from watchproxy.upstream.client import Upstream
 
 log = logging.getLogger("watchproxy.passthrough")
 
@@ -40,6 +41,18 @@ log = logging.getLogger("watchproxy.passthrough")
 _NOT_IN_KEY = frozenset({"kubectl-session", "kubectl-command", "x-request-id", "audit-id"})
 
 Key = tuple[str, tuple[tuple[str, str], ...], str | None]
+
+
+class Outgoing(Protocol):
+    """The pass-through, as a batch sends through it (``server.passthrough.Forwarder`` fits):
+    a batch's request carries what its first member's own request would have carried."""
+
+    @property
+    def upstream(self) -> Upstream: ...
+
+    def outgoing(self, request: web.Request) -> tuple[CIMultiDict[str], str | None]:
+        """The headers ``request`` carries upstream, and the credential it runs as (None:
+        the proxy's own)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +84,7 @@ class ListBatcher:
     """Owns the upstream LIST tasks of every batch; :meth:`close` cancels and awaits them."""
 
     def __init__(
-        self, forwarder: Forwarder, *, max_bytes: int, metrics: Metrics | None = None
+        self, forwarder: Outgoing, *, max_bytes: int, metrics: Metrics | None = None
     ) -> None:
         self.forwarder = forwarder  # its upstream, and which headers go there
         self.upstream = forwarder.upstream
