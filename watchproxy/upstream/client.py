@@ -35,7 +35,6 @@ from watchproxy.upstream.http1 import Broken
 from watchproxy.upstream.response import UpstreamResponse
 from watchproxy.upstream.transports import StreamedBody, Transports, describe, outcome_of
 from watchproxy.upstream.upgrade import BadAnswer, UpgradeAnswer, open_upgrade
-from watchproxy.upstream.upgrade import DialFailed as UpgradeDialFailed
 
 # read_lines, read_frames and LineTooLong live in upstream.bodies; named here for their callers.
 __all__ = [
@@ -317,10 +316,10 @@ class Upstream:
                     connect_timeout=self.config.connect_timeout_seconds,
                     answer_timeout=self.config.request_timeout_seconds,
                 )
-        except UpgradeDialFailed as failed:
+        except DialFailed as failed:
             self.metrics.upstream_errors.labels("connect").inc()
-            self._dial_failed(failed.cause)
-            raise self._failed(failed.cause, dial_reported=True) from None
+            self._dial_failed(failed)
+            raise self._failed(failed, dial_reported=True) from None
         except TimeoutError:
             raise self._timed_out(method, path_qs) from None
         except (BadAnswer, OSError) as exc:
