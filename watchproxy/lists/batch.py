@@ -69,7 +69,7 @@ class Batch:
     headers: CIMultiDict[str]
     forwarded_auth: str | None
     answer: asyncio.Future[Answer | ProxyError | None]
-    counted_in: Counter | None  # the metric that counts this batch's upstream request
+    counted_in: Counter  # the metric that counts this batch's upstream request
     members: int = 0  # requests waiting for the answer
     fetch: asyncio.Task[None] | None = None  # its upstream request, once sent
 
@@ -83,9 +83,7 @@ class _KeyState:
 class ListBatcher:
     """Owns the upstream LIST tasks of every batch; :meth:`close` cancels and awaits them."""
 
-    def __init__(
-        self, forwarder: Outgoing, *, max_bytes: int, metrics: Metrics | None = None
-    ) -> None:
+    def __init__(self, forwarder: Outgoing, *, max_bytes: int, metrics: Metrics) -> None:
         self.forwarder = forwarder  # its upstream, and which headers go there
         self.upstream = forwarder.upstream
         self.max_bytes = max_bytes
@@ -101,14 +99,14 @@ class ListBatcher:
     async def serve(self, request: web.Request) -> web.Response | None:
         """The answer of this request's batch; None: pass it through on its own."""
         headers, auth = self.forwarder.outgoing(request)
-        batches = self._metrics.list_batches if self._metrics is not None else None
-        answer = await self.shared_answer(request.raw_path, headers, auth, counted_in=batches)
+        answer = await self.shared_answer(
+            request.raw_path, headers, auth, counted_in=self._metrics.list_batches
+        )
         if answer is None:
             return None
         if isinstance(answer, ProxyError):
             raise answer.with_traceback(None)  # one error object, raised once per member
-        if self._metrics is not None:
-            self._metrics.lists_batched.inc()
+        self._metrics.lists_batched.inc()
         response = web.Response(status=answer.status, reason=answer.reason, body=answer.body)
         response.headers.extend(answer.headers)
         return response
@@ -119,7 +117,7 @@ class ListBatcher:
         headers: CIMultiDict[str],
         auth: str | None,
         *,
-        counted_in: Counter | None = None,
+        counted_in: Counter,
     ) -> Answer | ProxyError | None:
         """The answer to ``GET path`` from an upstream request sent after this call began,
         shared with every identical call waiting at the same time; None: too big to share."""
@@ -158,8 +156,7 @@ class ListBatcher:
 
     def _send(self, key: Key, state: _KeyState, batch: Batch) -> None:
         state.in_flight = batch
-        if batch.counted_in is not None:
-            batch.counted_in.inc()
+        batch.counted_in.inc()
         task = asyncio.create_task(self._fetch(key, state, batch), name="watchproxy-list-batch")
         batch.fetch = task
         self._tasks.add(task)
