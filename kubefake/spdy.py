@@ -1,4 +1,4 @@
-"""SPDY/3.1 frame codec for the fake apiserver (issue 16 part 3).
+"""SPDY/3.1 frame codec for the fake apiserver.
 
 kubectl before 1.30 (and client-go's remotecommand/portforward fallbacks) speak SPDY/3.1 after an
 HTTP/1.1 ``Upgrade: SPDY/3.1``. This module only encodes and decodes frames; the exec and

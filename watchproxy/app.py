@@ -15,6 +15,9 @@ from aiohttp import web
 
 from watchproxy.config import Config
 from watchproxy.hub.multiplexer import Hub
+from watchproxy.lists.batch import ListBatcher
+from watchproxy.lists.cached import CachedLists
+from watchproxy.lists.consistent import ConsistentLists
 from watchproxy.metrics import Metrics
 from watchproxy.policy.access import AccessPolicy
 from watchproxy.policy.adaptive import AdaptiveLimit, AdaptiveSettings
@@ -24,9 +27,7 @@ from watchproxy.policy.ratelimit import UpstreamLimiter
 from watchproxy.server.admin import build_admin_app
 from watchproxy.server.api import ApiHandler, build_api_app
 from watchproxy.server.connection import IDLE_TIMEOUT_SECONDS
-from watchproxy.server.consistentlist import ConsistentLists
 from watchproxy.server.fastlane import FastLane
-from watchproxy.server.listbatch import ListBatcher
 from watchproxy.server.listener import ConnectionGuard, status_server_factory
 from watchproxy.server.passthrough import Forwarder
 from watchproxy.server.upgrade import UpgradeRelay
@@ -224,7 +225,11 @@ class Proxy:
                 forward_impersonation=self.config.security.impersonation == "forward",
             ),
             allowed_hosts=self.config.listen.allowed_hosts,
-            hub=HubEndpoint(self.hub) if self.hub is not None else None,
+            hub=(
+                HubEndpoint(self.hub, CachedLists(self.hub, self.metrics))
+                if self.hub is not None
+                else None
+            ),
             client_limit=self._client_limit,
             watch_errors=ErroredWatchLimiter(
                 self.config.ratelimit.watch_errors_per_second,

@@ -6,18 +6,18 @@ from __future__ import annotations
 import base64
 import json
 
-from watchproxy.hub.listpages import (
+from watchproxy.kube import protowire as pw
+from watchproxy.kube.jsonlist import with_page_meta
+from watchproxy.kube.protobuf import ProtobufRepresentation, envelope
+from watchproxy.kube.representation import JsonRepresentation, PartialMetadataRepresentation
+from watchproxy.kube.tables import TableRepresentation
+from watchproxy.lists.pages import (
     Snapshot,
     Snapshots,
     decode_continue,
     encode_continue,
     page_of,
 )
-from watchproxy.kube import protowire as pw
-from watchproxy.kube.jsonlist import with_page_meta
-from watchproxy.kube.protobuf import ProtobufRepresentation, envelope
-from watchproxy.kube.representation import JsonRepresentation, PartialMetadataRepresentation
-from watchproxy.kube.tables import TableRepresentation
 
 
 def snapshot(keys: list[str], rv: int = 42) -> Snapshot:

@@ -158,7 +158,7 @@ class CacheState:
         return self._rep.encode_kept_list(kept, rv)
 
     def encode_page(self, kept: list[Any], rv: str, token: str, remaining: int | None) -> bytes:
-        """A page of a LIST that more pages follow (see ``listpages``)."""
+        """A page of a LIST that more pages follow (see ``watchproxy.lists.pages``)."""
         return self._rep.encode_kept_page(kept, rv, token, remaining)
 
     def added_lines(self) -> Sequence[bytes]:

@@ -32,7 +32,6 @@ from watchproxy.config import HubConfig
 from watchproxy.errors import TooManyRequests, UpstreamTimeout, UpstreamUnavailable
 from watchproxy.hub.cachetypes import StartPlan
 from watchproxy.hub.historybudget import HistoryBudget
-from watchproxy.hub.listcover import Cover, find_cover
 from watchproxy.hub.outcomes import NotShared
 from watchproxy.hub.ports import UpstreamHealth, WatchSource, WatchStarter
 from watchproxy.hub.sharedwatch import KeyNotShared, SharedWatch, UpstreamRefused
@@ -41,7 +40,7 @@ from watchproxy.hub.watchkey import Unservable, WatchKey, identity_of, watch_key
 from watchproxy.kube.apipath import ApiPath
 from watchproxy.kube.headers import forwarded_credential
 from watchproxy.kube.representation import Representation
-from watchproxy.kube.watchquery import WatchQuery, is_go_duration
+from watchproxy.kube.watchquery import WatchQuery
 from watchproxy.metrics import Metrics
 from watchproxy.policy.backoff import BackoffPolicy
 
@@ -301,46 +300,12 @@ class Hub:
             )
         self._over_budget[key] = self.clock() + OVER_BUDGET_RETRY_SECONDS
 
-    def serve_list(
+    def key_of(
         self, api_path: ApiPath, query: WatchQuery, headers: Headers
-    ) -> tuple[bytes, str] | None:
-        """A LIST with resourceVersion=0 ("any state") from a synced shared watch, if one fits.
-
-        Like the apiserver's watch cache, this answers without an upstream request — and keeps
-        answering while the apiserver is unreachable. ``limit`` is ignored, as the cache does.
-        """
-        if query.resource_version != "0" or query.continue_token:
-            return None
-        cover = self.list_cover(api_path, query, headers)
-        if cover is None:
-            return None
-        body = cover.list_body()
-        self.metrics.lists_from_cache.inc()
-        return body, cover.shared.representation.content_type
-
-    def covering_watch(
-        self, api_path: ApiPath, query: WatchQuery, headers: Headers
-    ) -> Cover | None:
-        """What can answer a consistent LIST, or a continuation of one. Without selectors in
-        pages when it must (``listpages``: the apiserver's remainingItemCount then counts exactly
-        what is left); with selectors only a LIST its answer fits in one page of."""
-        if query.resource_version or query.resource_version_match:
-            return None
-        cover = self.list_cover(api_path, query, headers)
-        if cover is None:
-            return None
-        if query.label_selector.matches_everything and query.field_selector.matches_everything:
-            return cover
-        if query.continue_token or (query.limit and cover.count() > query.limit):
-            return None
-        return cover
-
-    def list_cover(self, api_path: ApiPath, query: WatchQuery, headers: Headers) -> Cover | None:
-        if query.timeout is not None and not is_go_duration(query.timeout):
-            return None  # the apiserver's 400 for a request deadline it cannot parse
-        if not self.watches:
-            return None  # nothing shared: no key to build (a LIST of a busy controller's)
-        return find_cover(self.watches, lambda path: self._key(headers, path, query)[1], api_path)
+    ) -> tuple[WatchKey, Representation] | Unservable:
+        """The key a watch of ``api_path`` would share (``watchproxy.lists`` finds the shared
+        watch that covers a LIST by it)."""
+        return self._key(headers, api_path, query)[1]
 
     async def _plan(self, shared: SharedWatch, query: WatchQuery) -> StartPlan:
         """The client's start point; for an RV newer than the cache, wait for it (bounded)."""

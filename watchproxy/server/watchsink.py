@@ -2,7 +2,7 @@
 
 :class:`HubEndpoint` is what the API handler sees as its ``WatchServer``: it hands the hub the
 request's path, query and headers and a starter that sends the 200 when the hub is ready, and
-turns what the hub answers into aiohttp responses. The hub itself never sees aiohttp (issue 11).
+turns what the hub answers into aiohttp responses, so that the hub itself never sees aiohttp.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from aiohttp.abc import AbstractStreamWriter
 from watchproxy.hub.multiplexer import Hub, Refusal
 from watchproxy.kube.apipath import ApiPath
 from watchproxy.kube.watchquery import WatchQuery
+from watchproxy.lists.cached import CachedLists
 from watchproxy.server.clientgone import started
 
 
@@ -114,10 +115,12 @@ class _Starter:
 
 
 class HubEndpoint:
-    """The hub behind the API handler's ``WatchServer`` protocol."""
+    """The hub behind the API handler's ``WatchServer`` protocol; its LISTs with
+    resourceVersion=0 are answered by ``lists``, from the same shared watches."""
 
-    def __init__(self, hub: Hub) -> None:
+    def __init__(self, hub: Hub, lists: CachedLists) -> None:
         self.hub = hub
+        self.lists = lists
 
     async def serve(
         self, request: web.Request, api_path: ApiPath, query: WatchQuery
@@ -137,10 +140,4 @@ class HubEndpoint:
     def serve_list(
         self, request: web.Request, api_path: ApiPath, query: WatchQuery
     ) -> web.Response | None:
-        served = self.hub.serve_list(api_path, query, request.headers)
-        if served is None:
-            return None
-        body, content_type = served
-        answer = web.Response(body=body)
-        answer.headers["Content-Type"] = content_type
-        return answer
+        return self.lists.serve(request, api_path, query)

@@ -28,14 +28,13 @@ from watchproxy.metrics import Metrics
 from watchproxy.policy.adaptive import Outcome
 from watchproxy.policy.ratelimit import UpstreamLimiter, parse_retry_after
 from watchproxy.upstream.bodies import LineTooLong, read_frames, read_lines
-from watchproxy.upstream.connectivity import Connectivity, ProbeFailed
+from watchproxy.upstream.connectivity import NO_PROBER, ProbeFailed, Prober
 from watchproxy.upstream.connector import PROBING, DialFailed, UpstreamDown
 from watchproxy.upstream.credentials import UpstreamTarget
 from watchproxy.upstream.http1 import Broken
 from watchproxy.upstream.response import UpstreamResponse
 from watchproxy.upstream.transports import StreamedBody, Transports, describe, outcome_of
 from watchproxy.upstream.upgrade import BadAnswer, UpgradeAnswer, open_upgrade
-from watchproxy.upstream.upgrade import DialFailed as UpgradeDialFailed
 
 # read_lines, read_frames and LineTooLong live in upstream.bodies; named here for their callers.
 __all__ = [
@@ -82,14 +81,15 @@ class Upstream:
         self.metrics = metrics
         self.max_wait = max_wait
         self._clock = clock
-        self.connectivity: Connectivity | None = None
+        # The prober (app.py wires it after both exist: it probes through this client).
+        self.connectivity: Prober = NO_PROBER
         self._transports: Transports | None = None
 
     async def start(self) -> None:
         self._transports = Transports(
             self.target,
             self.config,
-            is_down=lambda: self.connectivity is not None and self.connectivity.down,
+            is_down=lambda: self.connectivity.down,
             on_dial_failure=self._dial_failed,
             metrics=self.metrics,
         )
@@ -120,24 +120,21 @@ class Upstream:
         return send_headers
 
     def _next_probe(self) -> float:
-        return self.connectivity.retry_after() if self.connectivity is not None else 1.0
+        return self.connectivity.retry_after()
 
     def _answered(self) -> None:
         """Any HTTP answer proves the apiserver reachable."""
-        if self.connectivity is not None:
-            self.connectivity.report_ok()
+        self.connectivity.report_ok()
 
     def _dial_failed(self, error: BaseException) -> None:
         """A new connection failed (the connector calls this before the next dial may start)."""
-        if self.connectivity is not None:
-            self.connectivity.report_dial_failure(describe(error))
+        self.connectivity.report_dial_failure(describe(error))
 
     def _suspect(self, reason: str) -> None:
         """A request failed on an established connection: that proves nothing about the
         apiserver as a whole (a slow request, a pooled connection that went stale), so the
         upstream stays up and the prober checks now."""
-        if self.connectivity is not None:
-            self.connectivity.suspect(reason)
+        self.connectivity.suspect(reason)
 
     def _failed(self, error: BaseException, *, dial_reported: bool = False) -> UpstreamUnavailable:
         """This request got no answer. A failed dial was already reported (by the connector,
@@ -158,7 +155,7 @@ class Upstream:
 
     def _unavailable(self) -> UpstreamUnavailable:
         """Refused locally while the upstream is known to be down: at once, with the cause."""
-        cause = self.connectivity.last_error if self.connectivity is not None else None
+        cause = self.connectivity.last_error
         return UpstreamUnavailable(
             f"the apiserver is unreachable ({cause or 'no answer'}); watchproxy checks again "
             f"on its backoff schedule, next in {self._next_probe():.0f}s"
@@ -192,7 +189,7 @@ class Upstream:
         """
         transports = self._transports
         assert transports is not None, "Upstream.start() was not called"
-        if not probe and self.connectivity is not None and self.connectivity.down:
+        if not probe and self.connectivity.down:
             # Fail fast while the prober waits out the backoff: piling up requests on a dead
             # apiserver helps nobody, and the attempt count must follow one schedule.
             raise self._unavailable()
@@ -300,7 +297,7 @@ class Upstream:
         """Send an upgrade request (exec, attach, port-forward) as the proxy and read the
         answer's head: a 101 with its byte stream open, or the apiserver's refusal.
         ``headers`` carry the client's Connection/Upgrade and protocol headers."""
-        if self.connectivity is not None and self.connectivity.down:
+        if self.connectivity.down:
             raise self._unavailable()
         if forwarded_auth is None:
             await self.target.refresh()
@@ -317,10 +314,10 @@ class Upstream:
                     connect_timeout=self.config.connect_timeout_seconds,
                     answer_timeout=self.config.request_timeout_seconds,
                 )
-        except UpgradeDialFailed as failed:
+        except DialFailed as failed:
             self.metrics.upstream_errors.labels("connect").inc()
-            self._dial_failed(failed.cause)
-            raise self._failed(failed.cause, dial_reported=True) from None
+            self._dial_failed(failed)
+            raise self._failed(failed, dial_reported=True) from None
         except TimeoutError:
             raise self._timed_out(method, path_qs) from None
         except (BadAnswer, OSError) as exc:

@@ -17,6 +17,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 from watchproxy.metrics import Metrics
 from watchproxy.policy.backoff import Backoff, BackoffPolicy
@@ -33,6 +34,47 @@ SUSPECT_PROBE_INTERVAL = 1.0
 
 class ProbeFailed(Exception):
     """The probe got no usable answer; the message says why, for the operator's log."""
+
+
+class Prober(Protocol):
+    """What the upstream client tells the prober, and asks it (:class:`Connectivity` fits)."""
+
+    @property
+    def down(self) -> bool: ...
+
+    @property
+    def last_error(self) -> str | None: ...
+
+    def retry_after(self) -> float: ...
+
+    def report_ok(self) -> None: ...
+
+    def report_dial_failure(self, reason: str) -> None: ...
+
+    def suspect(self, reason: str) -> None: ...
+
+
+class _NoProber:
+    """An upstream client with no prober wired: the apiserver is never known down, and what
+    the client reports is not kept (nothing would act on it)."""
+
+    down = False
+    last_error = None
+
+    def retry_after(self) -> float:
+        return 1.0
+
+    def report_ok(self) -> None:
+        pass
+
+    def report_dial_failure(self, reason: str) -> None:
+        pass
+
+    def suspect(self, reason: str) -> None:
+        pass
+
+
+NO_PROBER: Prober = _NoProber()
 
 
 class Connectivity:

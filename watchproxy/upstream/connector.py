@@ -233,17 +233,23 @@ class DialFailed(Exception):
     """No connection to the apiserver (refused, unreachable, timed out, TLS handshake failed);
     ``str()`` is the cause as an operator should read it."""
 
-    def __init__(self, cause: BaseException, host: str, port: int) -> None:
-        super().__init__(_dial_cause(cause, host, port))
+    def __init__(self, cause: BaseException, host: str, port: int | None) -> None:
+        super().__init__(dial_cause(cause, host, port))
         self.cause = cause
 
 
-def _dial_cause(cause: BaseException, host: str, port: int) -> str:
+def dial_cause(
+    cause: BaseException, host: str, port: int | None, *, resolving: bool = False
+) -> str:
+    """Why a dial to ``host:port`` failed, in the words logs, the prober and Status messages
+    use, whichever client dialled (the pool, aiohttp's connector, an upgrade): an operator
+    reads one wording per cause. ``resolving``: it failed looking ``host`` up (aiohttp
+    reports that with a plain OSError). Credential-free."""
     if isinstance(cause, ssl.SSLCertVerificationError):
         return f"TLS certificate verification failed: {cause.verify_message or cause}"
     if isinstance(cause, ssl.SSLError):
         return f"TLS error: {cause}"
-    if isinstance(cause, socket.gaierror):
+    if resolving or isinstance(cause, socket.gaierror):
         return f"DNS lookup failed for {host}"
     if isinstance(cause, TimeoutError):
         return f"cannot connect to {host}:{port}: timed out"

@@ -20,7 +20,7 @@ from watchproxy.config import UpstreamConfig
 from watchproxy.errors import BadRequest
 from watchproxy.metrics import Metrics
 from watchproxy.policy.adaptive import Outcome
-from watchproxy.upstream.connector import DialFailed, SerialConnector
+from watchproxy.upstream.connector import DialFailed, SerialConnector, dial_cause
 from watchproxy.upstream.credentials import UpstreamTarget
 from watchproxy.upstream.http1 import Broken, encode_head
 from watchproxy.upstream.pool import ConnectionPool
@@ -178,15 +178,13 @@ def outcome_of(status: int, headers: Mapping[str, str]) -> Outcome:
 
 
 def describe(error: BaseException) -> str:
-    """A short, credential-free cause for logs and Status messages."""
+    """A short, credential-free cause for logs and Status messages. A failed dial is worded by
+    ``connector.dial_cause``, whether aiohttp's connector or watchproxy's own reports it."""
     if isinstance(error, aiohttp.ClientConnectorCertificateError):
-        return f"TLS certificate verification failed: {error.certificate_error}"
-    if isinstance(error, aiohttp.ClientSSLError):
-        return f"TLS error: {error}"
-    if isinstance(error, aiohttp.ClientConnectorDNSError):
-        return f"DNS lookup failed for {error.host}"
+        return dial_cause(error.certificate_error, error.host, error.port)
     if isinstance(error, aiohttp.ClientConnectorError):
-        return f"cannot connect to {error.host}:{error.port}: {error.os_error.strerror or error}"
+        dns = isinstance(error, aiohttp.ClientConnectorDNSError)
+        return dial_cause(error.os_error, error.host, error.port, resolving=dns)
     if isinstance(error, TimeoutError):
         return "timed out"
     if isinstance(error, DialFailed | Broken):

@@ -18,21 +18,21 @@ from dataclasses import dataclass
 from multidict import CIMultiDict
 from yarl import URL
 
-from watchproxy.upstream.http1 import ProtocolError, encode_head, parse_head
+from watchproxy.upstream.connector import DialFailed
+from watchproxy.upstream.http1 import (
+    EndOfMessage,
+    ProtocolError,
+    ResponseParser,
+    encode_head,
+    parse_head,
+)
 
 MAX_HEAD_BYTES = 65536
+READ_CHUNK = 1 << 16
 # A refusal is a Status of a few hundred bytes; a bigger body is cut, never buffered unbounded.
 MAX_REFUSAL_BYTES = 1 << 20
 # How long a closed upstream stream may take over its TLS shutdown before it is aborted.
 CLOSE_WAIT_SECONDS = 2.0
-
-
-class DialFailed(Exception):
-    """No connection to the apiserver (refused, unreachable, TLS handshake failed)."""
-
-    def __init__(self, cause: BaseException) -> None:
-        super().__init__(str(cause))
-        self.cause = cause
 
 
 class BadAnswer(Exception):
@@ -76,22 +76,29 @@ def _keep_alive(writer: asyncio.StreamWriter) -> None:
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
 
 
-async def read_refusal_body(reader: asyncio.StreamReader, headers: CIMultiDict[str]) -> bytes:
-    """The body of a non-101 answer, by its Content-Length, chunks, or up to the close."""
-    if "chunked" in headers.get("Transfer-Encoding", "").lower():
-        body = bytearray()
-        while len(body) <= MAX_REFUSAL_BYTES:
-            size_line = await reader.readuntil(b"\r\n")
-            size = int(size_line.split(b";", 1)[0].strip() or b"0", 16)
-            if size == 0:
-                break
-            body += await reader.readexactly(size)
-            await reader.readexactly(2)
-        return bytes(body[:MAX_REFUSAL_BYTES])
-    length = headers.get("Content-Length")
-    if length is not None and length.isdigit():
-        return await reader.readexactly(min(int(length), MAX_REFUSAL_BYTES))
-    return await reader.read(MAX_REFUSAL_BYTES)
+async def read_refusal_body(reader: asyncio.StreamReader, head: bytes) -> bytes:
+    """The body of the non-101 answer whose head is ``head``, framed by the same parser as
+    every other answer from the apiserver (Content-Length, chunks, or up to the close); cut at
+    MAX_REFUSAL_BYTES. Raises BadAnswer when the body breaks off or does not parse."""
+    parser = ResponseParser()
+    parser.expect()
+    body = bytearray()
+    try:
+        events = parser.feed(head)
+        while True:
+            for event in events:
+                if isinstance(event, EndOfMessage):
+                    return bytes(body[:MAX_REFUSAL_BYTES])
+                if isinstance(event, bytes):
+                    body += event
+            if len(body) >= MAX_REFUSAL_BYTES:
+                return bytes(body[:MAX_REFUSAL_BYTES])
+            data = await reader.read(READ_CHUNK)
+            events = parser.feed(data) if data else parser.feed_eof()
+            if not data and not events:  # pragma: no cover - the parser ends or raises at EOF
+                raise ProtocolError("the connection closed before the answer's end")
+    except ProtocolError:
+        raise BadAnswer("the apiserver's answer broke off") from None
 
 
 async def open_upgrade(
@@ -119,7 +126,7 @@ async def open_upgrade(
                 url.host, url.port, ssl=context, limit=MAX_HEAD_BYTES
             )
     except (OSError, ssl.SSLError, TimeoutError) as exc:
-        raise DialFailed(exc) from None
+        raise DialFailed(exc, url.host, url.port) from None
     _keep_alive(writer)
     try:
         host = url.raw_authority.rpartition("@")[2]
@@ -137,10 +144,7 @@ async def open_upgrade(
                 raise BadAnswer(str(error)) from None
             body = b""
             if status != 101:
-                try:
-                    body = await read_refusal_body(reader, answer_headers)
-                except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError):
-                    raise BadAnswer("the apiserver's answer broke off") from None
+                body = await read_refusal_body(reader, head)
     except BaseException:
         writer.transport.abort()
         raise

@@ -1,4 +1,4 @@
-"""Identical consistent LISTs share one upstream request (issue 16, part 2, in part).
+"""Identical consistent LISTs share one upstream request.
 
 A LIST without a resourceVersion asks for the current state (a quorum read). Such a request
 cannot reuse an answer the apiserver began before it arrived, but it can share the next one:
@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass
+from typing import Protocol
 
 from aiohttp import web
 from multidict import CIMultiDict
@@ -31,7 +32,7 @@ from prometheus_client import Counter
 from watchproxy.errors import ProxyError
 from watchproxy.kube.headers import response_headers
 from watchproxy.metrics import Metrics
-from watchproxy.server.passthrough import Forwarder
+from watchproxy.upstream.client import Upstream
 
 log = logging.getLogger("watchproxy.passthrough")
 
@@ -40,6 +41,18 @@ log = logging.getLogger("watchproxy.passthrough")
 _NOT_IN_KEY = frozenset({"kubectl-session", "kubectl-command", "x-request-id", "audit-id"})
 
 Key = tuple[str, tuple[tuple[str, str], ...], str | None]
+
+
+class Outgoing(Protocol):
+    """The pass-through, as a batch sends through it (``server.passthrough.Forwarder`` fits):
+    a batch's request carries what its first member's own request would have carried."""
+
+    @property
+    def upstream(self) -> Upstream: ...
+
+    def outgoing(self, request: web.Request) -> tuple[CIMultiDict[str], str | None]:
+        """The headers ``request`` carries upstream, and the credential it runs as (None:
+        the proxy's own)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +69,7 @@ class Batch:
     headers: CIMultiDict[str]
     forwarded_auth: str | None
     answer: asyncio.Future[Answer | ProxyError | None]
-    counted_in: Counter | None  # the metric that counts this batch's upstream request
+    counted_in: Counter  # the metric that counts this batch's upstream request
     members: int = 0  # requests waiting for the answer
     fetch: asyncio.Task[None] | None = None  # its upstream request, once sent
 
@@ -70,9 +83,7 @@ class _KeyState:
 class ListBatcher:
     """Owns the upstream LIST tasks of every batch; :meth:`close` cancels and awaits them."""
 
-    def __init__(
-        self, forwarder: Forwarder, *, max_bytes: int, metrics: Metrics | None = None
-    ) -> None:
+    def __init__(self, forwarder: Outgoing, *, max_bytes: int, metrics: Metrics) -> None:
         self.forwarder = forwarder  # its upstream, and which headers go there
         self.upstream = forwarder.upstream
         self.max_bytes = max_bytes
@@ -88,14 +99,14 @@ class ListBatcher:
     async def serve(self, request: web.Request) -> web.Response | None:
         """The answer of this request's batch; None: pass it through on its own."""
         headers, auth = self.forwarder.outgoing(request)
-        batches = self._metrics.list_batches if self._metrics is not None else None
-        answer = await self.shared_answer(request.raw_path, headers, auth, counted_in=batches)
+        answer = await self.shared_answer(
+            request.raw_path, headers, auth, counted_in=self._metrics.list_batches
+        )
         if answer is None:
             return None
         if isinstance(answer, ProxyError):
             raise answer.with_traceback(None)  # one error object, raised once per member
-        if self._metrics is not None:
-            self._metrics.lists_batched.inc()
+        self._metrics.lists_batched.inc()
         response = web.Response(status=answer.status, reason=answer.reason, body=answer.body)
         response.headers.extend(answer.headers)
         return response
@@ -106,7 +117,7 @@ class ListBatcher:
         headers: CIMultiDict[str],
         auth: str | None,
         *,
-        counted_in: Counter | None = None,
+        counted_in: Counter,
     ) -> Answer | ProxyError | None:
         """The answer to ``GET path`` from an upstream request sent after this call began,
         shared with every identical call waiting at the same time; None: too big to share."""
@@ -145,8 +156,7 @@ class ListBatcher:
 
     def _send(self, key: Key, state: _KeyState, batch: Batch) -> None:
         state.in_flight = batch
-        if batch.counted_in is not None:
-            batch.counted_in.inc()
+        batch.counted_in.inc()
         task = asyncio.create_task(self._fetch(key, state, batch), name="watchproxy-list-batch")
         batch.fetch = task
         self._tasks.add(task)

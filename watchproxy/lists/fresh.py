@@ -19,14 +19,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from watchproxy.hub.listcover import Cover
-from watchproxy.hub.sharedwatch import SharedWatch
+from watchproxy.lists.cover import Cover
+from watchproxy.lists.ports import ListedWatch
 
 # A state that has not moved for this many waits is quiet: its next move is not expected soon.
 QUIET_AFTER_WAITS = 4
 
 
-def looks_busy(shared: SharedWatch, wait: float, now: float) -> bool:
+def looks_busy(shared: ListedWatch, wait: float, now: float) -> bool:
     """Whether the watch's state moved recently enough that waiting for it may pay."""
     moved = shared.advanced_at
     return moved is not None and now - moved <= wait * QUIET_AFTER_WAITS

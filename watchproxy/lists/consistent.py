@@ -1,10 +1,10 @@
-"""Consistent LISTs from the hub: the I/O around ``hub.freshlist`` (issue 16, part 2).
+"""Consistent LISTs from the hub: the I/O around ``lists.fresh``.
 
 The apiserver's current revision is read with ``GET <collection>?limit=1`` (the same path
 without the query: the revision is the whole store's), through the LIST batcher so that the
 requests waiting at the same time share one probe, and each probe is sent after they arrived.
 A LIST with more objects than its limit is answered in pages: page 1 so, and its continuations
-from the snapshot page 1 was cut from (``hub.listpages``).
+from the snapshot page 1 was cut from (``lists.pages``).
 """
 
 from __future__ import annotations
@@ -16,15 +16,15 @@ from collections.abc import Callable
 from aiohttp import web
 
 from watchproxy.hub.cachetypes import parse_rv
-from watchproxy.hub.freshlist import looks_busy, wait_current
-from watchproxy.hub.listcover import Cover
-from watchproxy.hub.listpages import Snapshots, decode_continue, page_of
-from watchproxy.hub.multiplexer import Headers, Hub
+from watchproxy.hub.multiplexer import Headers
 from watchproxy.kube.apipath import ApiPath
 from watchproxy.kube.watchquery import WatchQuery
+from watchproxy.lists.batch import Answer, ListBatcher, Outgoing
+from watchproxy.lists.cover import Cover, consistent_cover
+from watchproxy.lists.fresh import looks_busy, wait_current
+from watchproxy.lists.pages import Snapshots, decode_continue, page_of
+from watchproxy.lists.ports import SharedWatches
 from watchproxy.metrics import Metrics
-from watchproxy.server.listbatch import Answer, ListBatcher
-from watchproxy.server.passthrough import Forwarder
 
 
 def _key_prefix(api_path: ApiPath) -> str:
@@ -38,18 +38,23 @@ PROBE_MAX_BYTES = 4 * 1024 * 1024
 
 
 class ConsistentLists:
+    """Answers a LIST without a resourceVersion from a shared watch only once its state is at
+    least the apiserver's current revision, read after the LIST arrived; otherwise returns None
+    and the LIST goes upstream. Owns its probes' batcher: :meth:`close` ends them."""
+
     def __init__(
         self,
-        hub: Hub,
-        forwarder: Forwarder,
+        hub: SharedWatches,
+        forwarder: Outgoing,
         *,
         wait_seconds: float,
         metrics: Metrics,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.hub = hub
-        # Its own batcher: probes are shared even when limits.list_batch_max_bytes is 0.
-        self.probes = ListBatcher(forwarder, max_bytes=PROBE_MAX_BYTES)
+        # Its own batcher: probes are shared even when limits.list_batch_max_bytes is 0. Only
+        # its shared_answer is used, which counts each probe in freshness_probes.
+        self.probes = ListBatcher(forwarder, max_bytes=PROBE_MAX_BYTES, metrics=metrics)
         self.wait = wait_seconds
         self.snapshots = Snapshots(clock)  # page 1 of each paged answer, for its continuations
         self.metrics = metrics
@@ -66,7 +71,7 @@ class ConsistentLists:
             return None
         if query.continue_token:
             return self._next_page(api_path, query, request.headers)
-        cover = self.hub.covering_watch(api_path, query, request.headers)
+        cover = consistent_cover(self.hub, api_path, query, request.headers)
         if cover is None:
             return None
         # More objects than the limit: page 1 of several (a limit below 1 is no limit).
@@ -98,7 +103,7 @@ class ConsistentLists:
         token = decode_continue(query.continue_token or "")
         if token is None:
             return None
-        cover = self.hub.covering_watch(api_path, query, headers)
+        cover = consistent_cover(self.hub, api_path, query, headers)
         if cover is None:
             return None
         rv, start = token

@@ -9,22 +9,20 @@ state holds every object of that namespace (an informer watching all pods answer
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from watchproxy.hub.cachetypes import NotSynced
-from watchproxy.hub.listpages import Page, Snapshot
-from watchproxy.hub.sharedwatch import SharedWatch
-from watchproxy.hub.watchkey import Unservable, WatchKey
+from watchproxy.hub.multiplexer import Headers
+from watchproxy.hub.watchkey import Unservable
 from watchproxy.kube.apipath import ApiPath
-from watchproxy.kube.representation import Representation
-
-KeyOf = Callable[[ApiPath], tuple[WatchKey, Representation] | Unservable]
+from watchproxy.kube.watchquery import WatchQuery, is_go_duration
+from watchproxy.lists.pages import Page, Snapshot
+from watchproxy.lists.ports import ListedWatch, SharedWatches
 
 
 @dataclass(frozen=True, slots=True)
 class Cover:
-    shared: SharedWatch
+    shared: ListedWatch
     namespace: str | None  # set when the watch is cluster-wide: only this namespace's objects
 
     def count(self) -> int:
@@ -36,7 +34,7 @@ class Cover:
         return self.shared.cache.list_response(self.namespace)
 
     def snapshot(self) -> Snapshot:
-        """The covered objects now, in key order, to page through (see ``listpages``)."""
+        """The covered objects now, in key order, to page through (see ``pages``)."""
         cache = self.shared.cache
         rv, rv_str = cache.resource_version, cache.resource_version_str
         if rv is None or rv_str is None:
@@ -52,17 +50,50 @@ class Cover:
 
 
 def find_cover(
-    watches: dict[WatchKey, SharedWatch], key_of: KeyOf, api_path: ApiPath
+    hub: SharedWatches, api_path: ApiPath, query: WatchQuery, headers: Headers
 ) -> Cover | None:
-    """The cover of a LIST of ``api_path`` among ``watches``; ``key_of`` gives a path's key."""
+    """The cover of a LIST of ``api_path`` among the hub's running watches."""
+    if query.timeout is not None and not is_go_duration(query.timeout):
+        return None  # the apiserver's 400 for a request deadline it cannot parse
+    watches = hub.watches
+    if not watches:
+        return None  # nothing shared: no key to build (a LIST of a busy controller's)
     candidates: list[tuple[ApiPath, str | None]] = [(api_path, None)]
     if api_path.namespace is not None:
         candidates.append((dataclasses.replace(api_path, namespace=None), api_path.namespace))
     for path, namespace in candidates:
-        found = key_of(path)
+        found = hub.key_of(path, query, headers)
         if isinstance(found, Unservable):
             return None
         shared = watches.get(found[0])
         if shared is not None and not shared.closed and shared.cache.synced:
             return Cover(shared, namespace)
     return None
+
+
+def cached_cover(
+    hub: SharedWatches, api_path: ApiPath, query: WatchQuery, headers: Headers
+) -> Cover | None:
+    """What answers a LIST with resourceVersion=0 ("any state"): any synced cover. ``limit``
+    is ignored, as the apiserver's watch cache ignores it."""
+    if query.resource_version != "0" or query.continue_token:
+        return None
+    return find_cover(hub, api_path, query, headers)
+
+
+def consistent_cover(
+    hub: SharedWatches, api_path: ApiPath, query: WatchQuery, headers: Headers
+) -> Cover | None:
+    """What can answer a consistent LIST, or a continuation of one. Without selectors in
+    pages when it must (``pages``: the apiserver's remainingItemCount then counts exactly
+    what is left); with selectors only a LIST its answer fits in one page of."""
+    if query.resource_version or query.resource_version_match:
+        return None
+    cover = find_cover(hub, api_path, query, headers)
+    if cover is None:
+        return None
+    if query.label_selector.matches_everything and query.field_selector.matches_everything:
+        return cover
+    if query.continue_token or (query.limit and cover.count() > query.limit):
+        return None
+    return cover

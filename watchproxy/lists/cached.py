@@ -1,0 +1,36 @@
+"""LISTs with resourceVersion=0 ("any state"), answered from a synced shared watch.
+
+Like the apiserver's watch cache, this answers without an upstream request, and keeps answering
+while the apiserver is unreachable.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from watchproxy.kube.apipath import ApiPath
+from watchproxy.kube.watchquery import WatchQuery
+from watchproxy.lists.cover import cached_cover
+from watchproxy.lists.ports import SharedWatches
+from watchproxy.metrics import Metrics
+
+
+class CachedLists:
+    """Answers a LIST with resourceVersion=0 from the state of a synced shared watch that
+    covers it, or returns None to let the route's next kind answer."""
+
+    def __init__(self, hub: SharedWatches, metrics: Metrics) -> None:
+        self.hub = hub
+        self.metrics = metrics
+
+    def serve(
+        self, request: web.Request, api_path: ApiPath, query: WatchQuery
+    ) -> web.Response | None:
+        cover = cached_cover(self.hub, api_path, query, request.headers)
+        if cover is None:
+            return None
+        body = cover.list_body()
+        self.metrics.lists_from_cache.inc()
+        answer = web.Response(body=body)
+        answer.headers["Content-Type"] = cover.shared.representation.content_type
+        return answer
