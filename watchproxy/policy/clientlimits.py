@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Hashable
 
-from watchproxy.policy.ratelimit import TokenBucket, _is_unlimited
+from watchproxy.policy.tokenbucket import TokenBucket, _is_unlimited
 
 __all__ = ["ClientRateLimiter", "ErroredWatchLimiter"]
 

@@ -62,6 +62,42 @@ CLOSE_WAIT_SECONDS = 2.0
 RETRY_AFTER = 1.0
 
 
+class _Exchange:
+    """One request's way out, once it is admitted."""
+
+    __slots__ = ("body", "headers", "method", "path_qs", "read_timeout", "transports")
+
+    def __init__(
+        self,
+        transports: Transports,
+        method: str,
+        path_qs: str,
+        headers: CIMultiDict[str],
+        body: bytes | StreamedBody | None,
+        read_timeout: float | None,
+    ) -> None:
+        self.transports = transports
+        self.method = method
+        self.path_qs = path_qs
+        self.headers = headers
+        self.body = body
+        self.read_timeout = read_timeout
+
+    async def run(self, streaming: bool, deadline: float | None) -> UpstreamResponse:
+        """The answer's head, within ``deadline`` seconds (TimeoutError otherwise)."""
+        if not streaming:
+            return await self.transports.send(
+                self.method, self.path_qs, self.headers, self.body, self.read_timeout, deadline
+            )
+        stream = self.transports.stream(
+            self.method, self.path_qs, self.headers, self.body, self.read_timeout
+        )
+        if deadline is None:
+            return await stream
+        async with asyncio.timeout(deadline):
+            return await stream
+
+
 class Upstream:
     """A client of one apiserver, shared by every component of the proxy."""
 
@@ -198,25 +234,25 @@ class Upstream:
         if not streaming:
             read_timeout = self.config.request_timeout_seconds
         for attempt in range(2):
-            if forwarded_auth is None:
+            if forwarded_auth is None and self.target.exec_source is not None:
                 await self.target.refresh()  # an exec plugin's credential, when it is due
             send_headers = self._with_credential(headers, forwarded_auth)
+            exchange = _Exchange(transports, method, path_qs, send_headers, body, read_timeout)
             try:
-                async with self.limiter.slot(
-                    max_wait=self.max_wait if not wait else None
-                ) as waited:
-                    if waited:
-                        self.metrics.ratelimit_wait.inc(waited)
-                    sent = self._clock()
-                    async with asyncio.timeout(deadline):
-                        if streaming:
-                            response = await transports.stream(
-                                method, path_qs, send_headers, body, read_timeout
-                            )
-                        else:
-                            response = await transports.send(
-                                method, path_qs, send_headers, body, read_timeout
-                            )
+                if self.limiter.admit_now():  # nothing to wait for: no context manager either
+                    try:
+                        sent = self._clock()
+                        response = await exchange.run(streaming, deadline)
+                    finally:
+                        self.limiter.release()
+                else:
+                    async with self.limiter.slot(
+                        max_wait=self.max_wait if not wait else None
+                    ) as waited:
+                        if waited:
+                            self.metrics.ratelimit_wait.inc(waited)
+                        sent = self._clock()
+                        response = await exchange.run(streaming, deadline)
             except UpstreamDown:
                 raise self._unavailable() from None
             except TooManyRequests:

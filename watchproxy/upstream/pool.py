@@ -74,6 +74,7 @@ class PooledConnection(asyncio.Protocol):
         self._paused = False
         self._answered = False
         self._writable: asyncio.Future[None] | None = None  # set while the socket buffer is full
+        self._expired = False  # the request's deadline passed before its answer's head came
 
     # asyncio.Protocol
 
@@ -132,8 +133,17 @@ class PooledConnection(asyncio.Protocol):
         self._end = None
         self._error = None
         self._answered = False
+        self._expired = False
         self._parser.expect(head_request=head_request)
         self.transport.write(data)
+
+    def expire(self) -> None:
+        """The caller's deadline for the answer's head has passed: its wait ends in TimeoutError
+        (a timer of the loop's calls this; cheaper per request than an asyncio.timeout)."""
+        if self._head is None:
+            self._expired = True
+            self._wake()
+            self.resume_writing()
 
     async def send_body(self, body: AsyncIterable[bytes], *, chunked: bool) -> None:
         """Write a request body as it comes, at the pace the apiserver reads it. An answer that
@@ -147,6 +157,8 @@ class PooledConnection(asyncio.Protocol):
                 self.transport.write(b"%x\r\n%s\r\n" % (len(part), part) if chunked else part)
             if self._writable is not None:
                 await self._writable
+            if self._expired:
+                raise TimeoutError
         if chunked and self.transport is not None and self._head is None:
             self.transport.write(b"0\r\n\r\n")
 
@@ -154,6 +166,8 @@ class PooledConnection(asyncio.Protocol):
         while self._head is None:
             if self._error is not None:
                 raise self._error
+            if self._expired:
+                raise TimeoutError
             await self._wait()
         return self._head
 
@@ -269,6 +283,7 @@ class ConnectionPool:
         body: AsyncIterable[bytes] | None = None,
         chunked: bool = False,
         read_timeout: float | None = None,
+        deadline: float | None = None,
     ) -> PooledAnswer:
         """Send one request (its encoded head, and its body when it is bytes) and wait for the
         head of its answer. ``body``: a body streamed after the head (``chunked``: framed in
@@ -284,11 +299,14 @@ class ConnectionPool:
             # A rotated CA: connections made with the old trust are not kept for new requests.
             self._ssl_context = ssl_context
             self._drop_idle()
+        loop = asyncio.get_running_loop()
+        expires = None if deadline is None else loop.time() + deadline
         for attempt in range(2):
             connection = self._take_idle()
             if connection is None:
                 connection = await self._dial(ssl_context, connect_timeout)
             connection.send(data, head_request=head_request)
+            timer = None if expires is None else loop.call_at(expires, connection.expire)
             try:
                 if body is not None:
                     await connection.send_body(body, chunked=chunked)
@@ -301,6 +319,9 @@ class ConnectionPool:
             except BaseException:
                 connection.abort()  # cancelled or timed out mid-request: the state is unknown
                 raise
+            finally:
+                if timer is not None:
+                    timer.cancel()
             return PooledAnswer(self, connection, head, read_timeout)
         raise AssertionError("unreachable")  # pragma: no cover
 

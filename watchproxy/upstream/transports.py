@@ -103,8 +103,10 @@ class Transports:
         headers: CIMultiDict[str],
         body: bytes | StreamedBody | None,
         read_timeout: float | None,
+        deadline: float | None = None,
     ) -> UpstreamResponse:
-        """A one-shot request on a pooled connection; returns once the answer's head came."""
+        """A one-shot request on a pooled connection; returns once the answer's head came
+        (TimeoutError when it has not within ``deadline`` seconds)."""
         streamed = body if isinstance(body, StreamedBody) else None
         if streamed is not None:
             if streamed.length is None:
@@ -126,6 +128,7 @@ class Transports:
             body=streamed.parts if streamed is not None else None,
             chunked=streamed is not None and streamed.length is None,
             read_timeout=read_timeout,
+            deadline=deadline,
         )
 
     async def stream(
