@@ -213,7 +213,8 @@ class GuardedProtocol(asyncio.Protocol):
             log.exception("error serving %s %s", head.method, head.target[:200])
             self.abort()
         finally:
-            self._guard.fast_tasks.discard(cast(asyncio.Task[None], self._task))
+            if self._task is not None:
+                self._guard.fast_tasks.discard(self._task)
             self._task = None
             self.request_finished()
         transport = self._transport
