@@ -29,7 +29,7 @@ from multidict import CIMultiDict, CIMultiDictProxy, MultiDictProxy
 from yarl import URL
 
 from watchproxy.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable, status_bytes
-from watchproxy.kube.headers import response_headers
+from watchproxy.kube.headers import end_to_end_only, response_headers
 from watchproxy.policy.fairqueue import flow
 from watchproxy.server.api import ApiHandler, flow_key
 from watchproxy.server.clientgone import CLIENT_CLOSED_REQUEST, EndsWithClient
@@ -167,6 +167,17 @@ class FastLane:
         if whole is not None and status not in _NO_BODY:
             # The whole answer came at once (most do): head and body in one write.
             upstream.release()
+            sent.status = status
+            raw = upstream.raw_head
+            if (
+                raw
+                and not self.handler.draining
+                and end_to_end_only(upstream.headers)
+                and upstream.content_length == len(whole)
+            ):
+                # Nothing in its head is hop-by-hop: it goes on as it came, not rebuilt.
+                client.write(raw + whole)
+                return
             headers = response_headers(upstream.headers, keep_length=False)
             client.write(
                 response_head(

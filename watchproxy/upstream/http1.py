@@ -49,6 +49,7 @@ class ResponseHead(NamedTuple):
     status: int
     reason: str
     headers: CIMultiDict[str]
+    raw: bytes = b""  # the head's bytes as they came, for an HTTP/1.1 answer (else empty)
 
 
 class EndOfMessage:
@@ -225,6 +226,7 @@ class ResponseParser:
 
     def _begin(self, head: bytes) -> ResponseHead | None:
         status, reason, headers, http10 = parse_head(head)
+        raw = b"" if http10 else head
         if 100 <= status < 200 and status != 101:
             return None  # an interim answer (100 Continue, 103): the real one follows
         connection = headers.get("Connection", "").lower()
@@ -233,20 +235,20 @@ class ResponseParser:
             self._state = _IDLE
             if status == 101:
                 self._keep_alive = False  # the connection now belongs to another protocol
-            return ResponseHead(status, reason, headers)
+            return ResponseHead(status, reason, headers, raw)
         encoding = headers.get("Transfer-Encoding")
         if encoding is not None:
             if encoding.strip().lower() != "chunked" or "Content-Length" in headers:
                 raise ProtocolError(f"unsupported Transfer-Encoding {encoding[:40]!r}")
             self._state = _CHUNK_SIZE
-            return ResponseHead(status, reason, headers)
+            return ResponseHead(status, reason, headers, raw)
         length = headers.getall("Content-Length", None)
         if length is not None:
             if len(set(length)) != 1 or not length[0].isdigit():
                 raise ProtocolError(f"bad Content-Length {length!r:.60}")
             self._remaining = int(length[0])
             self._state = _LENGTH if self._remaining else _IDLE
-            return ResponseHead(status, reason, headers)
+            return ResponseHead(status, reason, headers, raw)
         self._keep_alive = False
         self._state = _UNTIL_CLOSE
-        return ResponseHead(status, reason, headers)
+        return ResponseHead(status, reason, headers, raw)

@@ -33,6 +33,9 @@ class UpstreamResponse(abc.ABC):
     status: int
     reason: str
     headers: CIMultiDict[str] | CIMultiDictProxy[str]
+    # The head's bytes as they came from the apiserver (HTTP/1.1 on a pooled connection), for
+    # a caller that may pass them on unchanged; empty where they are not kept.
+    raw_head: bytes = b""
 
     @property
     def content_length(self) -> int | None:
@@ -82,6 +85,7 @@ class PooledAnswer(UpstreamResponse):
         self.status = head.status
         self.reason = head.reason
         self.headers = head.headers
+        self.raw_head = head.raw
 
     def whole_body(self) -> bytes | None:
         connection = self._connection
