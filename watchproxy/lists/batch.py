@@ -30,7 +30,9 @@ from multidict import CIMultiDict
 from prometheus_client import Counter
 
 from watchproxy.errors import ProxyError
+from watchproxy.hub.multiplexer import Headers
 from watchproxy.kube.headers import response_headers
+from watchproxy.lists.ports import ListRequest
 from watchproxy.metrics import Metrics
 from watchproxy.upstream.client import Upstream
 
@@ -50,9 +52,9 @@ class Outgoing(Protocol):
     @property
     def upstream(self) -> Upstream: ...
 
-    def outgoing(self, request: web.Request) -> tuple[CIMultiDict[str], str | None]:
-        """The headers ``request`` carries upstream, and the credential it runs as (None:
-        the proxy's own)."""
+    def outgoing_headers(self, client_headers: Headers) -> tuple[CIMultiDict[str], str | None]:
+        """The headers a request with ``client_headers`` carries upstream, and the credential
+        it runs as (None: the proxy's own)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,9 +98,9 @@ class ListBatcher:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    async def serve(self, request: web.Request) -> web.Response | None:
+    async def serve(self, request: ListRequest) -> web.Response | None:
         """The answer of this request's batch; None: pass it through on its own."""
-        headers, auth = self.forwarder.outgoing(request)
+        headers, auth = self.forwarder.outgoing_headers(request.headers)
         answer = await self.shared_answer(
             request.raw_path, headers, auth, counted_in=self._metrics.list_batches
         )

@@ -11,7 +11,7 @@ from aiohttp import web
 from watchproxy.kube.apipath import ApiPath
 from watchproxy.kube.watchquery import WatchQuery
 from watchproxy.lists.cover import cached_cover
-from watchproxy.lists.ports import SharedWatches
+from watchproxy.lists.ports import ListRequest, SharedWatches
 from watchproxy.metrics import Metrics
 
 
@@ -24,7 +24,7 @@ class CachedLists:
         self.metrics = metrics
 
     def serve(
-        self, request: web.Request, api_path: ApiPath, query: WatchQuery
+        self, request: ListRequest, api_path: ApiPath, query: WatchQuery
     ) -> web.Response | None:
         cover = cached_cover(self.hub, api_path, query, request.headers)
         if cover is None:

@@ -23,7 +23,7 @@ from watchproxy.lists.batch import Answer, ListBatcher, Outgoing
 from watchproxy.lists.cover import Cover, consistent_cover
 from watchproxy.lists.fresh import looks_busy, wait_current
 from watchproxy.lists.pages import Snapshots, decode_continue, page_of
-from watchproxy.lists.ports import SharedWatches
+from watchproxy.lists.ports import ListRequest, SharedWatches
 from watchproxy.metrics import Metrics
 
 
@@ -64,7 +64,7 @@ class ConsistentLists:
         await self.probes.close()
 
     async def serve(
-        self, request: web.Request, api_path: ApiPath, query: WatchQuery
+        self, request: ListRequest, api_path: ApiPath, query: WatchQuery
     ) -> web.Response | None:
         """The answer from a shared watch; None: the LIST goes to the apiserver."""
         if self.wait <= 0:
@@ -121,8 +121,8 @@ class ConsistentLists:
         answer.headers["Content-Type"] = cover.shared.representation.content_type
         return answer
 
-    async def _current_rv(self, request: web.Request) -> int | None:
-        headers, auth = self.probes.forwarder.outgoing(request)
+    async def _current_rv(self, request: ListRequest) -> int | None:
+        headers, auth = self.probes.forwarder.outgoing_headers(request.headers)
         headers["Accept"] = "application/json"  # parsed here, whatever the client reads
         headers.popall("Accept-Encoding", None)
         path = request.raw_path.partition("?")[0] + "?limit=1"

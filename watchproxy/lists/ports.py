@@ -18,6 +18,17 @@ from watchproxy.kube.representation import Representation
 from watchproxy.kube.watchquery import WatchQuery
 
 
+class ListRequest(Protocol):
+    """A client's LIST as LIST serving reads it: its raw request target and its headers
+    (aiohttp's request fits, and so does the fast lane's parsed head)."""
+
+    @property
+    def raw_path(self) -> str: ...
+
+    @property
+    def headers(self) -> Headers: ...
+
+
 class ListedWatch(Protocol):
     """A running shared watch as a LIST reads it (``hub.sharedwatch.SharedWatch`` fits)."""
 

@@ -20,6 +20,7 @@ from aiohttp import web
 from watchproxy.errors import ProxyError, TooManyRequests
 from watchproxy.kube.apipath import ApiPath
 from watchproxy.kube.watchquery import QUICK_END_SECONDS, WatchQuery
+from watchproxy.lists.ports import ListRequest
 from watchproxy.metrics import Metrics
 from watchproxy.policy.access import AccessPolicy
 from watchproxy.policy.clientlimits import ErroredWatchLimiter
@@ -48,7 +49,7 @@ class WatchServer(Protocol):
     ) -> web.StreamResponse | None: ...
 
     def serve_list(
-        self, request: web.Request, api_path: ApiPath, query: WatchQuery
+        self, request: ListRequest, api_path: ApiPath, query: WatchQuery
     ) -> web.Response | None: ...
 
 
@@ -57,7 +58,7 @@ class ConsistentListServer(Protocol):
     returns None to let the route's next kind answer."""
 
     async def serve(
-        self, request: web.Request, api_path: ApiPath, query: WatchQuery
+        self, request: ListRequest, api_path: ApiPath, query: WatchQuery
     ) -> web.Response | None: ...
 
 
@@ -65,7 +66,7 @@ class BatchedListServer(Protocol):
     """Answers identical LISTs in flight together with one upstream LIST, or returns None
     (an answer too big to share) to let the route's next kind answer."""
 
-    async def serve(self, request: web.Request) -> web.Response | None: ...
+    async def serve(self, request: ListRequest) -> web.Response | None: ...
 
 
 class Declines:
@@ -73,10 +74,10 @@ class Declines:
     routes to one (see :class:`~watchproxy.server.routes.Routing`); it keeps the handlers'
     collaborators typed as always present."""
 
-    async def serve(self, request: web.Request, *args: object) -> None:
+    async def serve(self, request: ListRequest, *args: object) -> None:
         return None
 
-    def serve_list(self, request: web.Request, *args: object) -> None:
+    def serve_list(self, request: ListRequest, *args: object) -> None:
         return None
 
 

@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from http import HTTPStatus
 from typing import Protocol
 
+from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy, MultiDictProxy
 from yarl import URL
 
@@ -40,7 +41,16 @@ from watchproxy.upstream.client import UpstreamResponse
 
 log = logging.getLogger("watchproxy.passthrough")
 
-_PLAIN = (RouteKind.PASSTHROUGH,)
+# Route kinds the fast lane serves: a pass-through, and the LIST services that may answer
+# first (their answers are whole bodies). Watches, streams and upgrades are aiohttp's.
+_SERVED = frozenset(
+    {
+        RouteKind.PASSTHROUGH,
+        RouteKind.CACHED_LIST,
+        RouteKind.CONSISTENT_LIST,
+        RouteKind.BATCHED_LIST,
+    }
+)
 _LAST_CHUNK = b"0\r\n\r\n"
 # Answers that never have a body (RFC 9112 section 6.3).
 _NO_BODY = frozenset({204, 304})
@@ -120,7 +130,7 @@ class FastLane:
         raw_query = head.target.partition("?")[2]
         query: Mapping[str, str] = decoded_query(raw_query) if raw_query else _NO_QUERY
         route = classify(head.method, head.target, query, head.headers, handler.routing)
-        if route.kinds != _PLAIN or route.verb == "watch":
+        if route.streaming or not _SERVED.issuperset(route.kinds):
             return None
         return route
 
@@ -147,9 +157,16 @@ class FastLane:
     ) -> None:
         forwarder = self.handler.forwarder
         try:
-            if route.verb == "list":  # a LIST no shared service answers: still rate-limited
+            key = flow_key(client.remote, head.headers, forwarder.forward_identity)
+            if route.verb == "list":
                 self.handler.check_client_limit(client.remote, route.verb)
-            with flow(flow_key(client.remote, head.headers, forwarder.forward_identity)):
+                for kind in route.kinds[:-1]:  # the LIST services, before the pass-through
+                    listed = await self._list(kind, route, _Listing(head), key)
+                    if listed is not None:
+                        self._write_response(listed, client)
+                        sent.status = listed.status
+                        return
+            with flow(key):
                 upstream = await forwarder.send(
                     head.method,
                     head.target,
@@ -193,6 +210,33 @@ class FastLane:
             return
         await self._relay(head, upstream, client, sent)
 
+    async def _list(
+        self, kind: RouteKind, route: Route, listing: _Listing, key: tuple[str, str, str]
+    ) -> web.Response | None:
+        """One LIST service's answer, or None to let the route's next kind answer."""
+        handler = self.handler
+        assert route.api_path is not None and route.query is not None
+        if kind is RouteKind.CACHED_LIST:
+            return handler.hub.serve_list(listing, route.api_path, route.query)
+        with flow(key):  # charged like the pass-through: to the client that asks
+            if kind is RouteKind.CONSISTENT_LIST:
+                return await handler.consistent_lists.serve(listing, route.api_path, route.query)
+            return await handler.list_batcher.serve(listing)
+
+    def _write_response(self, response: web.Response, client: ClientConnection) -> None:
+        body = response.body
+        assert isinstance(body, bytes), "LIST services answer with whole bodies"
+        headers = CIMultiDict(response.headers)
+        headers.popall("Content-Length", None)
+        head = response_head(
+            response.status,
+            response.reason,
+            headers,
+            length=len(body),
+            close=self.handler.draining,
+        )
+        client.write(head + body)
+
     async def _relay(
         self, head: RequestHead, upstream: UpstreamResponse, client: ClientConnection, sent: _Sent
     ) -> None:
@@ -228,6 +272,16 @@ class FastLane:
                 upstream.cut()
         if chunked:
             client.write(_LAST_CHUNK)
+
+
+class _Listing:
+    """A parsed head as LIST serving reads a request (``lists.ports.ListRequest``)."""
+
+    __slots__ = ("headers", "raw_path")
+
+    def __init__(self, head: RequestHead) -> None:
+        self.raw_path = head.target
+        self.headers = head.headers
 
 
 class _Sent:

@@ -16,6 +16,7 @@ from watchproxy.hub.multiplexer import Hub, Refusal
 from watchproxy.kube.apipath import ApiPath
 from watchproxy.kube.watchquery import WatchQuery
 from watchproxy.lists.cached import CachedLists
+from watchproxy.lists.ports import ListRequest
 from watchproxy.server.clientgone import started
 
 
@@ -138,6 +139,6 @@ class HubEndpoint:
         return starter.response
 
     def serve_list(
-        self, request: web.Request, api_path: ApiPath, query: WatchQuery
+        self, request: ListRequest, api_path: ApiPath, query: WatchQuery
     ) -> web.Response | None:
         return self.lists.serve(request, api_path, query)
