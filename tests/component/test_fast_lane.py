@@ -203,3 +203,23 @@ async def test_shutdown_lets_a_fast_lane_request_in_flight_finish(tmp_path: Any)
         finally:
             running.fake.faults.hold_lists(False)
             conn.close()
+
+
+async def test_a_body_slower_than_the_head_deadline_is_not_a_slow_head(tmp_path: Any) -> None:
+    async with running_proxy(tmp_path, {"limits.header_timeout_seconds": 0.3}) as running:
+        lane = running.proxy.fast_lane
+        assert lane is not None
+        conn = await Conn.open(running.proxy.api_port)
+        try:
+            whole = request("POST", CONFIGMAPS, configmap("slow", k="v"))
+            cut = whole.index(b"\r\n\r\n") + 4
+            conn.send(whole[:cut])
+            await conn.writer.drain()
+            # The body comes after the head deadline: the deadline was for the head only.
+            await asyncio.sleep(0.5)
+            conn.send(whole[cut:])
+            status, _, body = await conn.answer()
+            assert status == 201 and json.loads(body)["metadata"]["name"] == "slow"
+            assert lane.served == 1
+        finally:
+            conn.close()

@@ -174,6 +174,8 @@ class GuardedProtocol(asyncio.Protocol):
                     self._delegate_one(head.head_length + head.body_length)
                     return
                 self._admitted = (head, route)
+                # Its head is in: from here its body may take as long as aiohttp lets one.
+                self.request_started()
             head, route = self._admitted
             end = head.head_length + head.body_length
             if len(self._buffer) < end:
@@ -182,7 +184,6 @@ class GuardedProtocol(asyncio.Protocol):
             del self._buffer[:end]
             self._admitted = None
             self._mode = _FAST
-            self.request_started()
             self._task = asyncio.get_running_loop().create_task(self._serve(head, route, body))
             self._guard.fast_tasks.add(self._task)
 
