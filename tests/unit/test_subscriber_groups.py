@@ -37,6 +37,8 @@ def pod(name: str, rv: int) -> dict[str, Any]:
 class GatedSink:
     """Each write waits until the test opens the gate once more."""
 
+    coding = "identity"
+
     def __init__(self) -> None:
         self.lines: list[dict[str, Any]] = []
         self.writes = 0
