@@ -128,6 +128,26 @@ async def test_gzip_clients_at_one_point_share_one_member_per_batch() -> None:
     await asyncio.gather(*waits, return_exceptions=True)
 
 
+def test_a_catch_up_write_shares_the_framing_of_the_same_events() -> None:
+    cache, fanout, _ = make()
+    GzipSink.framings = 0
+    for rv in range(2, 6):
+        cache.apply("MODIFIED", pod("a", rv))
+    events = cache.events_from(cache.next_seq - 4)
+    assert events is not None
+    # Two subscribers catching up from the same cursor, with min RVs both below the events.
+    first = fanout.framed(events, -1, GzipSink())  # type: ignore[arg-type]
+    second = fanout.framed(events, 1, GzipSink())  # type: ignore[arg-type]
+    assert first is second and GzipSink.framings == 1
+    assert zlib.decompress(first[0], 31) == b"".join(e.line for e in events)
+    assert first[1:] == (4, len(b"".join(e.line for e in events)))
+    # Another coding or other events: framed on their own.
+    assert fanout.framed(events, -1, Sink())[0] == b"".join(e.line for e in events)  # type: ignore[arg-type]
+    later = fanout.framed(events, 3, GzipSink())  # type: ignore[arg-type]
+    assert zlib.decompress(later[0], 31) == b"".join(e.line for e in events if e.rv > 3)
+    assert GzipSink.framings == 2
+
+
 async def test_a_full_sink_is_kicked_and_resumes_from_its_cursor_without_loss() -> None:
     cache, fanout, _ = make()
     slow, fast = Sink(room=2), Sink()
