@@ -3,13 +3,6 @@
 :class:`HubEndpoint` is what the API handler sees as its ``WatchServer``: it hands the hub the
 request's path, query and headers and a starter that sends the 200 when the hub is ready, and
 turns what the hub answers into aiohttp responses. The hub itself never sees aiohttp (issue 11).
-
-A client that asks for gzip gets it as kube-apiserver 1.37 gives it (see
-:mod:`watchproxy.kube.contentcoding`): a :class:`GzipResponseSink` writes every flush as one gzip
-member. The fan-out compresses each batch of events once per coding and hands the same member
-to every gzip client at that point of the stream; a client's own writes (its initial events,
-a backlog, a bookmark) are compressed for it alone, as the apiserver does for each of its
-clients.
 """
 
 from __future__ import annotations
@@ -108,7 +101,14 @@ def gzip_chunk(data: bytes) -> bytes:
 
 
 class GzipResponseSink(ResponseSink):
-    """A watch response with ``Content-Encoding: gzip``: every write is one gzip member."""
+    """A watch response with ``Content-Encoding: gzip``: every write is one gzip member.
+
+    What a client that asks for gzip gets, as kube-apiserver 1.37 gives it (see
+    :mod:`watchproxy.kube.contentcoding`). The fan-out compresses each batch of events once per
+    coding and hands the same member to every gzip client writing those events; a client's own
+    initial events and bookmarks are compressed for it alone, as the apiserver does for each of
+    its clients.
+    """
 
     coding = GZIP
     frame = staticmethod(gzip_chunk)
