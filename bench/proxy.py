@@ -3,7 +3,9 @@
 ``python -m bench.proxy --kubeconfig PATH [--max-lag N] [--set KEY=VALUE] [--profile OUT.prof]
 [--loop L]``
 prints ``{"port", "admin_port"}`` once the proxy reaches its upstream, and runs until ``quit``
-or end of stdin. ``--profile`` runs the whole process under cProfile and writes the stats on exit.
+or end of stdin. ``--profile`` runs the whole process under cProfile and writes the stats on exit;
+the commands ``profile start`` and ``profile stop OUT.prof`` profile one phase of a run, timed in
+CPU time.
 """
 
 from __future__ import annotations
@@ -48,7 +50,23 @@ async def main(args: argparse.Namespace) -> None:
             await asyncio.sleep(0.05)
         emit({"port": proxy.api_port, "admin_port": proxy.admin_port})
 
+        profiler: cProfile.Profile | None = None
+
         async def handle(words: list[str]) -> dict[str, object]:
+            # ``profile start`` / ``profile stop OUT.prof``: one phase of a run under cProfile
+            # (bench.gzip_watchers counts the compressions of its event phase alone).
+            nonlocal profiler
+            if words[:2] == ["profile", "start"]:
+                # Timed in this thread's CPU time, not wall time: on a busy machine the process
+                # is descheduled mid-call, and wall time would charge that to the call.
+                profiler = cProfile.Profile(time.thread_time)
+                profiler.enable()
+                return {"profiling": True}
+            if words[:2] == ["profile", "stop"] and len(words) == 3 and profiler is not None:
+                profiler.disable()
+                profiler.dump_stats(words[2])
+                profiler = None
+                return {"profiling": False}
             return {"error": f"unknown command {words[0]!r}"}
 
         await serve_commands(handle)

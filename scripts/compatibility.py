@@ -89,6 +89,11 @@ ROWS = (
     ),
     Row(
         "HTTP",
+        "gzip watch from the hub: encoding headers and events as the apiserver's",
+        ("test_compression::test_the_hub_answers_gzip_watches",),
+    ),
+    Row(
+        "HTTP",
         "no gzip for a client that does not ask (hub, pass-through)",
         ("test_compression::test_a_client_that_does_not_ask",),
     ),

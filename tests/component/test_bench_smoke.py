@@ -97,6 +97,27 @@ def test_outage_comparison_runs_and_loses_nothing() -> None:
     assert result["watch_reconnects"] == 0  # streams stayed open through the outage
 
 
+def test_gzip_watchers_benchmark_runs_and_compresses_each_event_once(tmp_path: Path) -> None:
+    out = tmp_path / "gzip.json"
+    command = [sys.executable, "-m", "bench.gzip_watchers", "--watchers", "1,5"]
+    command += ["--events", "30", "--rate", "100", "--objects", "5", "--json", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180, check=False
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    cells = json.loads(out.read_text())
+    assert [(c["watchers"], c["coding"]) for c in cells] == [
+        (n, coding) for n in (1, 5) for coding in ("identity", "gzip", "gzip")
+    ]
+    # A count, not a timing: 5 gzip watchers cost one compression per event (or fewer, when
+    # events go out together), not 5.
+    for cell in cells:
+        if cell["compressions"] is not None:
+            assert 0 < cell["compressions"] <= cell["events"], cell
+        assert cell["wire_per_event"] > 0
+
+
 def test_a_baseline_from_a_git_worktree_runs_beside_the_proxy(tmp_path: Path) -> None:
     """--baseline REF: watchproxy as it was at REF, in the same rounds, and the worktree goes."""
     if not (ROOT / ".git").exists():

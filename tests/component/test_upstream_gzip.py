@@ -57,6 +57,7 @@ class ScriptedApiServer:
     def __init__(self) -> None:
         self.watches: list[tuple[str | None, str]] = []  # (resourceVersion, Accept-Encoding)
         self.lists_accept_encoding: list[str] = []
+        self.first_body = b""  # the first watch's body, as it was written
         self.done = asyncio.Event()
         self.url = ""
         self._runner: web.AppRunner | None = None
@@ -104,9 +105,11 @@ class ScriptedApiServer:
         await response.prepare(request)
         if len(self.watches) == 1:
             first = range(LIST_RV + 1, LIST_RV + FIRST + 1)
-            await response.write(b"".join(gzip.compress(event(i)) for i in first))
+            members = b"".join(gzip.compress(event(i)) for i in first)
+            await response.write(members)
             cut = gzip.compress(event(LIST_RV + FIRST + 1))
             await response.write(cut[: len(cut) // 2])
+            self.first_body = members + cut[: len(cut) // 2]
             await response.write_eof()  # a clean end of the chunked body inside a member
             return response
         start = int(rv or 0) + 1
@@ -171,3 +174,37 @@ async def test_thousands_of_gzip_members_in_one_read_and_a_truncated_one_lose_no
     broke = [r.getMessage() for r in caplog.records if "stream broke" in r.getMessage()]
     assert broke, "the truncated member was not reported"
     assert "gzip body truncated inside member 2501" in broke[0], broke
+
+
+async def test_passthrough_keeps_a_gzip_watch_byte_for_byte(tmp_path: Path) -> None:
+    """With the hub off, a gzip watch body reaches the client as the apiserver wrote it:
+    its Content-Encoding and Vary, every member, even the one cut in half (not decoded)."""
+    async with ScriptedApiServer() as api:
+        kubeconfig = tmp_path / "upstream.kubeconfig"
+        kubeconfig.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "current-context": "c",
+                    "clusters": [{"name": "c", "cluster": {"server": api.url}}],
+                    "users": [{"name": "u", "user": {"token": "t"}}],
+                    "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+                }
+            )
+        )
+        overrides = {**OVERRIDES, "hub.enabled": False}
+        async with (
+            proxy_for_upstream(tmp_path, str(kubeconfig), overrides) as running,
+            aiohttp.ClientSession(auto_decompress=False) as session,
+            session.get(
+                f"{running.url}{CMS}?watch=1&resourceVersion={LIST_RV}",
+                headers={"Accept-Encoding": "gzip"},
+            ) as response,
+        ):
+            assert response.status == 200
+            body = await asyncio.wait_for(response.read(), 20)
+    assert response.headers.get("Content-Encoding") == "gzip"
+    assert response.headers.get("Vary") == "Accept-Encoding"
+    assert [ae for _, ae in api.watches] == ["gzip"]  # the client's own Accept-Encoding
+    assert body == api.first_body

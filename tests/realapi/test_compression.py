@@ -3,7 +3,10 @@
 kube-apiserver gzips a LIST over 128 KiB for a client that sends ``Accept-Encoding: gzip``,
 and from 1.37 a watch-list too, one gzip member per flush (``Vary: Accept-Encoding``).
 What watchproxy passes through keeps ``Content-Encoding`` and the bytes as the apiserver
-sent them; a client that does not ask for gzip never gets it, from the hub or not.
+sent them; a client that does not ask for gzip never gets it, from the hub or not. The hub
+answers a watch with the encoding headers the apiserver gives the same watch and the same
+events, decoded (1.37: gzip for a watch-list that allows bookmarks and whose Accept-Encoding
+holds the bare token gzip; see watchproxy/kube/contentcoding.py).
 """
 
 from __future__ import annotations
@@ -185,3 +188,139 @@ async def test_a_client_that_does_not_ask_for_gzip_never_gets_it(
     assert len(events(decoded)) == 301
     assert list_encoding is None
     assert len(json.loads(listed)["items"]) == 300
+
+
+# (Accept, Accept-Encoding, query) cases whose headers and decoded stream must be the same
+# direct and through the hub: gzip-looking values the apiserver does not take for gzip, a
+# watch from "now" (a watch-list after defaulting), a watch without bookmarks, protobuf.
+FROM_NOW = "?watch=1&allowWatchBookmarks=true"
+PROTOBUF = "application/vnd.kubernetes.protobuf"
+HUB_CASES = [
+    ("application/json", "gzip", WATCH_LIST),
+    ("application/json", None, WATCH_LIST),
+    ("application/json", "deflate, gzip", FROM_NOW),
+    ("application/json", "gzip;q=1.0", WATCH_LIST),
+    ("application/json", "GZIP", WATCH_LIST),
+    ("application/json", "identity", WATCH_LIST),
+    ("application/json", "gzip", "?watch=1"),
+    (PROTOBUF, "gzip", WATCH_LIST),
+]
+
+
+def comparable(decoded: bytes, accept: str) -> list[Any]:
+    """The events of a stream with the end bookmark's RV left out (the hub's is its stream
+    RV, not the apiserver's current one): a protobuf stream's frames up to the bookmark's."""
+    if accept == PROTOBUF:
+        frames, at = [], 0
+        while at + 4 <= len(decoded):
+            end = at + 4 + int.from_bytes(decoded[at : at + 4], "big")
+            frames.append(decoded[at:end])
+            at = end
+        assert b"k8s.io/initial-events-end" in frames[-1]  # the last, cut at the marker
+        return frames[:-1]
+    out: list[Any] = []
+    for line in decoded.splitlines():
+        event = json.loads(line)
+        if event["type"] == "BOOKMARK":
+            event["object"]["metadata"].pop("resourceVersion")
+        out.append(event)
+    return out
+
+
+async def test_the_hub_answers_gzip_watches_as_the_apiserver_does(
+    tmp_path: Path,
+    real_apiserver: RealApiServer,
+    direct: Api,
+    namespace: str,
+    raw: aiohttp.ClientSession,
+) -> None:
+    """The same watch direct and through the hub: the same encoding headers, the same events;
+    for a gzip watch-list, a change after the end bookmark comes as a member of its own."""
+    if version_tuple(real_apiserver.version) < (1, 37):
+        # The hub compresses watch-lists as 1.37 does whatever the version behind it (a client
+        # that sends Accept-Encoding: gzip takes gzip): not the answer of an older apiserver.
+        pytest.skip(f"kube-apiserver {real_apiserver.version} does not compress watch-lists")
+    path = await filled(direct, namespace, count=60)
+    upstream = real_apiserver.write_kubeconfig(
+        tmp_path / "up.kubeconfig", token=real_apiserver.token
+    )
+    last = f"cm-{59:04d}".encode()
+    async with proxy_for_upstream(tmp_path, upstream, {"hub.enabled": True}) as running:
+        assert running.proxy.hub is not None
+        for accept, encoding, query in HUB_CASES:
+            headers = {"Accept": accept}
+            if encoding is not None:
+                headers["Accept-Encoding"] = encoding
+            # A watch without bookmarks has no end bookmark: read up to its last object.
+            marker = last if "allowWatchBookmarks" not in query else b"initial-events-end"
+            direct_answer = await read_to(
+                raw,
+                real_apiserver.url + path + query,
+                {**headers, **real_apiserver.auth()},
+                marker,
+                ssl=real_apiserver.ssl_context(),
+            )
+            proxied_answer = await read_to(raw, running.url + path + query, headers, marker)
+            (d_headers, d_decoded, _), (p_headers, p_decoded, p_members) = (
+                direct_answer,
+                proxied_answer,
+            )
+            case = f"{accept} {encoding!r} {query}"
+            for name in ("Content-Encoding", "Vary", "Content-Type"):
+                assert d_headers.get(name) == p_headers.get(name), (
+                    case,
+                    name,
+                    d_headers,
+                    p_headers,
+                )
+            gzipped = encoding == "gzip" or encoding == "deflate, gzip"
+            expected = "gzip" if gzipped and "allowWatchBookmarks" in query else None
+            assert p_headers.get("Content-Encoding") == expected, case
+            assert (p_members > 0) == (expected == "gzip"), case
+            assert comparable(p_decoded, accept) == comparable(d_decoded, accept), case
+        # Served from the hub: one shared watch per representation, not one per client.
+        assert len(running.proxy.hub.watches) == 2, running.proxy.hub.debug()
+
+        async def one_more() -> bytes:
+            name = f"late-{secrets.token_hex(3)}"
+            await direct.ok("POST", path, body={"metadata": {"name": name}})
+            return name.encode()
+
+        gzip_json = {"Accept": "application/json", "Accept-Encoding": "gzip"}
+        _, _, decoded, members = await read_until_end(
+            raw, running.url + path + WATCH_LIST, gzip_json, then=one_more
+        )
+    # The initial events and the end bookmark (in members of up to 64 KiB: the hub writes an
+    # initial sync in such batches), then the late change, a member of its own: read whole.
+    assert members >= 2, members
+    assert [kind for kind, _, _ in events(decoded)[-2:]] == ["BOOKMARK", "ADDED"]
+
+
+async def read_to(
+    session: aiohttp.ClientSession,
+    url: str,
+    headers: dict[str, str],
+    marker: bytes,
+    **kwargs: Any,
+) -> tuple[dict[str, str], bytes, int]:
+    """A watch's headers, its decoded bytes up to the line holding ``marker``, its members."""
+    async with session.get(url, headers=headers, **kwargs) as response:
+        assert response.status == 200, await response.text()
+        members = GzipMembers()
+        decoded = bytearray()
+        gzipped = response.headers.get("Content-Encoding") == "gzip"
+        async for chunk in response.content.iter_any():
+            decoded += members.feed(chunk) if gzipped else chunk
+            at = decoded.find(marker)
+            if at < 0:
+                continue
+            # Up to the marker's line (JSON), or the marker itself (protobuf: both streams are
+            # cut at the same point of the same bytes).
+            end = decoded.find(b"\n", at) + 1 if b"json" in headers["Accept"].encode() else 0
+            if end or PROTOBUF in headers["Accept"]:
+                return (
+                    dict(response.headers),
+                    bytes(decoded[: end or at + len(marker)]),
+                    (members.members),
+                )
+        raise AssertionError(f"{url}: the stream ended before {marker!r}")

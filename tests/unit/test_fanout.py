@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import zlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 
 from watchproxy.hub.fanout import Fanout, FanoutPacing, LiveCursor
 from watchproxy.hub.watchcache import WatchCache
+from watchproxy.kube.contentcoding import gzip_member
 from watchproxy.kube.representation import JsonRepresentation
 from watchproxy.metrics import Metrics
 
@@ -24,6 +26,8 @@ def pod(name: str, rv: int) -> dict[str, Any]:
 
 class Sink:
     """Records what was sent; ``room`` is how many more writes fit under the high-water mark."""
+
+    coding = "identity"
 
     def __init__(self, room: int = 1_000_000) -> None:
         self.sent: list[bytes] = []
@@ -75,6 +79,73 @@ async def test_events_of_one_iteration_reach_each_sink_as_one_write() -> None:
         task.cancel()
     await asyncio.gather(*waits, return_exceptions=True)
     assert len(fanout) == 0
+
+
+class GzipSink(Sink):
+    """Frames as the gzip response sink does (one member per write), counting its framings."""
+
+    coding = "gzip"
+    framings = 0
+
+    def frame(self, data: bytes) -> bytes:
+        GzipSink.framings += 1
+        return gzip_member(data)
+
+
+async def test_gzip_clients_at_one_point_share_one_member_per_batch() -> None:
+    cache, fanout, _ = make()
+    GzipSink.framings = 0
+    plain = [Sink() for _ in range(3)]
+    gzipped = [GzipSink() for _ in range(30)]
+    # Different start RVs (clients that joined at different moments) are different groups,
+    # but they read the same events: one member serves them all.
+    lives = [LiveCursor(s, cache.next_seq, -1, -1) for s in plain]  # type: ignore[arg-type]
+    lives += [
+        LiveCursor(s, cache.next_seq, i % 3 - 1, -1)  # type: ignore[arg-type]
+        for i, s in enumerate(gzipped)
+    ]
+    waits = [asyncio.create_task(fanout.wait(live, 5.0)) for live in lives]
+    await settle()
+    batches = []
+    for batch in range(3):
+        lines = []
+        for rv in range(10 * batch + 2, 10 * batch + 7):
+            event = cache.apply("MODIFIED", pod("a", rv))
+            assert event is not None
+            lines.append(event.line)
+            fanout.schedule()
+        await settle()
+        batches.append(b"".join(lines))
+    assert GzipSink.framings == 3  # one per batch, not one per client or per group
+    for sink in plain:
+        assert sink.sent == batches
+    members = gzipped[0].sent
+    assert [zlib.decompress(m, 31) for m in members] == batches
+    for sink in gzipped:
+        assert all(a is b for a, b in zip(sink.sent, members, strict=True))  # the same bytes
+    for task in waits:
+        task.cancel()
+    await asyncio.gather(*waits, return_exceptions=True)
+
+
+def test_a_catch_up_write_shares_the_framing_of_the_same_events() -> None:
+    cache, fanout, _ = make()
+    GzipSink.framings = 0
+    for rv in range(2, 6):
+        cache.apply("MODIFIED", pod("a", rv))
+    events = cache.events_from(cache.next_seq - 4)
+    assert events is not None
+    # Two subscribers catching up from the same cursor, with min RVs both below the events.
+    first = fanout.framed(events, -1, GzipSink())  # type: ignore[arg-type]
+    second = fanout.framed(events, 1, GzipSink())  # type: ignore[arg-type]
+    assert first is second and GzipSink.framings == 1
+    assert zlib.decompress(first[0], 31) == b"".join(e.line for e in events)
+    assert first[1:] == (4, len(b"".join(e.line for e in events)))
+    # Another coding or other events: framed on their own.
+    assert fanout.framed(events, -1, Sink())[0] == b"".join(e.line for e in events)  # type: ignore[arg-type]
+    later = fanout.framed(events, 3, GzipSink())  # type: ignore[arg-type]
+    assert zlib.decompress(later[0], 31) == b"".join(e.line for e in events if e.rv > 3)
+    assert GzipSink.framings == 2
 
 
 async def test_a_full_sink_is_kicked_and_resumes_from_its_cursor_without_loss() -> None:

@@ -35,7 +35,10 @@ def pod(name: str, rv: int) -> dict[str, Any]:
 
 
 class GatedSink:
-    """Each write waits until the test opens the gate once more."""
+    """Every batch fills the client's buffer, and each wait for it to drain (or each write of
+    a line of the subscriber's own) waits until the test opens the gate once more."""
+
+    coding = "identity"
 
     def __init__(self) -> None:
         self.lines: list[dict[str, Any]] = []
@@ -43,12 +46,16 @@ class GatedSink:
         self._gate = asyncio.Semaphore(0)
         self.waiting = asyncio.Event()
         self.eof = False
+        self.gone = False
         self.gone_at_write: int | None = None  # this write finds the client gone
 
-    async def write(self, data: bytes) -> None:
+    async def _through_gate(self) -> None:
         self.waiting.set()
         await self._gate.acquire()
         self.waiting.clear()
+
+    async def write(self, data: bytes) -> None:
+        await self._through_gate()
         if self.writes == self.gone_at_write:
             raise ConnectionResetError("the client went away")
         self.writes += 1
@@ -65,17 +72,23 @@ class GatedSink:
         return self.send_framed(self.frame(b"".join(lines)))
 
     def send_framed(self, framed: bytes) -> bool:
+        if self.writes == self.gone_at_write:
+            self.gone = True
+            return False
+        self.writes += 1
         self.lines += [json.loads(line) for line in framed.splitlines()]
-        return True
+        return False  # over the high-water mark: the subscriber drains before the next
 
     async def drain(self) -> None:
-        return None
+        await self._through_gate()
+        if self.gone:
+            raise ConnectionResetError("the client went away")
 
     async def write_eof(self) -> None:
         self.eof = True
 
     def client_gone(self) -> bool:
-        return False
+        return self.gone
 
     def abort(self) -> None:
         raise AssertionError("no write is slow enough to be aborted here")

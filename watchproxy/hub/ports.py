@@ -75,14 +75,24 @@ class UpstreamHealth(Protocol):
 
 
 class WatchSink(Protocol):
-    """One client's watch response, headers already sent (200, chunked, JSON)."""
+    """One client's watch response, headers already sent (200, chunked).
+
+    Each write (``write``, ``send_lines``, ``frame``) is one flush of the stream: for a sink
+    whose ``coding`` is gzip, one complete gzip member, as kube-apiserver 1.37 flushes.
+    """
+
+    @property
+    def coding(self) -> str:
+        """The body's content coding; sinks of the same coding frame alike."""
+        ...
 
     async def write(self, data: bytes) -> None:
         """Write and flush; ``ConnectionError`` when the client has gone."""
         ...
 
     def frame(self, data: bytes) -> bytes:
-        """``data`` as it goes on the wire (one HTTP chunk); the same for every sink."""
+        """``data`` as it goes on the wire (one HTTP chunk, encoded in the sink's coding);
+        the same for every sink of that coding."""
         ...
 
     def send_framed(self, framed: bytes) -> bool:

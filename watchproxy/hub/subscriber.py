@@ -145,14 +145,19 @@ class Subscriber:
                     cursor = events[-1].seq + 1
                     self.shared.cursors[me] = cursor
                     wanted = [e for e in events if plan.wants(e)]
-                    lines = [e.line for e in wanted]
-                    if lines:
+                    if wanted:
                         last = wanted[-1]
                         self._inside_group = last.rv if last.inside_group else None
                         if first_line:
+                            lines = [e.line for e in wanted]
                             lines[0] = self.shared.representation.first_line_fixup(lines[0])
                             first_line = False
-                        await self._write(b"".join(lines), len(lines))
+                            await self._write(b"".join(lines), len(lines))
+                        else:
+                            # Framed by the fan-out: the same bytes (for gzip, the same
+                            # member) as for every other client that writes these events.
+                            framing = self.shared.fanout.framed(events, plan.min_rv, self.sink)
+                            await self._send_framed(*framing)
                     continue
                 now = self.clock()
                 if self.shared.closed:  # caught up, so not inside a group: see the loop's top
@@ -227,6 +232,14 @@ class Subscriber:
                 raise ConnectionResetError("the watch client has gone")
             await self._bounded(self.sink.drain())
         self._sent.inc(len(lines))
+        self._bytes.inc(size)
+
+    async def _send_framed(self, framed: bytes, events: int, size: int) -> None:
+        if not self.sink.send_framed(framed):
+            if self.sink.client_gone():
+                raise ConnectionResetError("the watch client has gone")
+            await self._bounded(self.sink.drain())
+        self._sent.inc(events)
         self._bytes.inc(size)
 
     async def _end_inside_group(self) -> None:

@@ -14,6 +14,7 @@ from aiohttp.abc import AbstractStreamWriter
 
 from watchproxy.hub.multiplexer import Hub, Refusal
 from watchproxy.kube.apipath import ApiPath
+from watchproxy.kube.contentcoding import GZIP, IDENTITY, gzip_member, watch_coding
 from watchproxy.kube.watchquery import WatchQuery
 from watchproxy.lists.cached import CachedLists
 from watchproxy.lists.ports import ListRequest
@@ -47,6 +48,7 @@ class ResponseSink:
         # this one then answers is_closing() True, which is all send_framed asks of it.
         self._transport = transport
 
+    coding = IDENTITY
     frame = staticmethod(chunk)
 
     def send_framed(self, framed: bytes) -> bool:
@@ -95,11 +97,38 @@ class ResponseSink:
             transport.close()
 
 
+def gzip_chunk(data: bytes) -> bytes:
+    """``data`` as one gzip member in one HTTP/1.1 chunk."""
+    return chunk(gzip_member(data))
+
+
+class GzipResponseSink(ResponseSink):
+    """A watch response with ``Content-Encoding: gzip``: every write is one gzip member.
+
+    What a client that asks for gzip gets, as kube-apiserver 1.37 gives it (see
+    :mod:`watchproxy.kube.contentcoding`). The fan-out compresses each batch of events once per
+    coding and hands the same member to every gzip client writing those events; a client's own
+    initial events and bookmarks are compressed for it alone, as the apiserver does for each of
+    its clients.
+    """
+
+    coding = GZIP
+    frame = staticmethod(gzip_chunk)
+
+    def send_lines(self, lines: Sequence[bytes], size: int) -> bool:
+        # Compressing copies the lines anyway: one member of them all, in one chunk.
+        return self.send_framed(gzip_chunk(b"".join(lines)))
+
+    async def write(self, data: bytes) -> None:
+        await super().write(gzip_member(data))
+
+
 class _Starter:
     """Sends the watch's 200 and headers when the hub asks; keeps the response to return."""
 
-    def __init__(self, request: web.Request) -> None:
+    def __init__(self, request: web.Request, coding: str) -> None:
         self._request = request
+        self._coding = coding
         self.response: web.StreamResponse | None = None
 
     async def start(self, content_type: str) -> ResponseSink:
@@ -107,12 +136,17 @@ class _Starter:
         response.headers["Content-Type"] = content_type
         response.enable_chunked_encoding()
         response.headers["Cache-Control"] = "no-cache, private"
+        gzipped = self._coding == GZIP
+        if gzipped:
+            response.headers["Content-Encoding"] = GZIP
+            response.headers.add("Vary", "Accept-Encoding")
         self.response = response
         writer = await response.prepare(self._request)
         started(self._request, response)
         if writer is None:  # pragma: no cover - prepare returns the writer it made
             raise ConnectionResetError("the watch response was not prepared")
-        return ResponseSink(self._request, response, writer)
+        sink = GzipResponseSink if gzipped else ResponseSink
+        return sink(self._request, response, writer)
 
 
 class HubEndpoint:
@@ -126,7 +160,8 @@ class HubEndpoint:
     async def serve(
         self, request: web.Request, api_path: ApiPath, query: WatchQuery
     ) -> web.StreamResponse | None:
-        starter = _Starter(request)
+        # The apiserver reads only the first Accept-Encoding header; so does headers.get.
+        starter = _Starter(request, watch_coding(query, request.headers.get("Accept-Encoding")))
         served = await self.hub.serve(api_path, query, request.headers, starter)
         if served is None:
             return None
