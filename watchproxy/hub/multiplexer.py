@@ -31,6 +31,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from watchproxy.config import HubConfig
 from watchproxy.errors import TooManyRequests, UpstreamTimeout, UpstreamUnavailable
 from watchproxy.hub.cachetypes import StartPlan
+from watchproxy.hub.freshwatch import from_now, is_current
 from watchproxy.hub.historybudget import HistoryBudget
 from watchproxy.hub.listcover import Cover, find_cover
 from watchproxy.hub.outcomes import NotShared
@@ -222,6 +223,8 @@ class Hub:
                 "the apiserver is unreachable and this watch has no shared state yet; "
                 f"watchproxy checks again in {self.health.retry_after():.0f}s"
             )
+        # A shared watch whose first LIST is yet to be sent will list a state that is current.
+        existed = shared is not None and not shared.closed and shared.upstream_attempts > 0
         shared = self._shared(key, representation, auth)
         resuming = query.resource_version not in (None, "", "0") and not query.send_initial_events
         if resuming and query.resource_version is not None:
@@ -245,6 +248,14 @@ class Hub:
                     self.metrics.passthrough_watches.labels("list-refused").inc()
                     return None
                 return Refusal(refused.status, refused.body, refused.content_type)
+            wait = self.config.consistent_list_wait_seconds
+            if (
+                existed
+                and from_now(query.resource_version)
+                and not await is_current(shared, wait, self.clock)
+            ):
+                self.metrics.passthrough_watches.labels("not-current").inc()
+                return None  # the apiserver answers it consistently
             plan = await self._plan(shared, query)
             if plan.outside_window:
                 # Older than this key's history: only the apiserver knows.

@@ -1,0 +1,68 @@
+"""Watches from "now" served from a shared watch only once its state is as new as the apiserver's.
+
+A watch without a resourceVersion asks for the current state and the changes after it, and the
+apiserver answers it consistently: from 1.34 it turns it into a watch-list (``sendInitialEvents``
+with ``NotOlderThan``), reads etcd's current revision R and serves the initial events once its
+watch cache has caught up with R (``Cacher.getWatchCacheResourceVersion`` and
+``waitUntilWatchCacheFreshAndForceAllEvents``); before, etcd served such a watch itself. Either
+way every write that finished before the request is in the initial events. A shared watch's
+state lags the apiserver by the events still on their way to it, so a client joining it gets
+the state only once it is known to hold everything up to R:
+
+1. R is read with a one-item LIST sent after the client's request arrived (a consistent read);
+2. a state already at R or later is current;
+3. a state that moves (``freshlist.looks_busy``) is waited for, as a consistent LIST is;
+4. otherwise a short upstream watch of the key from the state's resourceVersion C replays the
+   key's changes after C: the apiserver, having answered the consistent read at R, holds them
+   all and sends them at once. None up to R: the state at C is the state at R. Some: the state
+   is current once it reaches the last of them, which is on its way to the shared watch.
+
+A watch that cannot be shown current is passed through, and the apiserver answers it — except
+while the apiserver is unreachable, when nothing better than the state exists and the client is
+served from it (the shared watch resumes behind it, as for every client of an outage).
+A shared watch made for this client is current by construction: its first LIST was sent after
+the request arrived (the multiplexer checks only the watches that existed before).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from watchproxy.hub.fetcher import REPLAY_FAILED
+from watchproxy.hub.freshlist import caught_up, looks_busy
+from watchproxy.hub.sharedwatch import SharedWatch
+
+log = logging.getLogger("watchproxy.hub")
+
+# How long a state may take to reach the last change a replay showed (it is in flight).
+REPLAYED_CHANGE_WAIT = 3.0
+
+
+def from_now(resource_version: str | None) -> bool:
+    """Whether a watch asks for the current state: no resourceVersion, or an empty one."""
+    return not resource_version
+
+
+async def is_current(shared: SharedWatch, wait: float, clock: Callable[[], float]) -> bool:
+    """Whether ``shared``'s state holds every write that finished before this call; False:
+    pass the watch through. Probes are counted in ``watchproxy_freshness_probes_total``."""
+    fetcher = shared.fetcher
+    shared.metrics.freshness_probes.inc()
+    current = await fetcher.current_rv()
+    if current is None:
+        return shared.health.down  # unreachable: the state is the best there is
+    # A state that moves is waited for; a quiet one would wait for nothing (see freshlist).
+    busy = wait > 0 and looks_busy(shared, wait, clock())
+    if await caught_up(shared, current, wait if busy else 0.0, clock):
+        return True
+    since = shared.cache.resource_version_str
+    if since is None or shared.closed:
+        return False
+    newest = await fetcher.replay(since, current)
+    if newest == REPLAY_FAILED:
+        log.debug("no replay of %s from %s", shared.key.collection_path, since)
+        return shared.health.down
+    if newest is None:
+        return True  # nothing of this key changed between the state and R
+    return await caught_up(shared, newest, REPLAYED_CHANGE_WAIT, clock)
