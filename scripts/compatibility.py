@@ -39,6 +39,11 @@ ROWS = (
         ("test_watchlist_informers::test_watchlist_informers_share",),
     ),
     Row(
+        "client-go v0.37.2 informers (WatchList)",
+        "fall back to LIST + WATCH as direct when the apiserver refuses watch-lists",
+        ("test_watchlist_fallback::",),
+    ),
+    Row(
         "client-go v0.34 informer (JSON, protobuf), Watch",
         "every change once across an outage / a compaction",
         ("test_real_clients::test_every_client_gets_every_change_once",),

@@ -47,6 +47,11 @@ LIST_PAGE_SIZE = 500
 # sends the events it already holds at once, so a quiet key's replay is this long and empty.
 REPLAY_SECONDS = 1
 REPLAY_FAILED = -1  # what replay() returns when it could not tell
+UNAVAILABLE = -2  # current_rv() and replay(): no answer, or a 5xx or 429 (the apiserver is unwell)
+
+
+def _unwell(status: int) -> bool:
+    return status >= 500 or status == 429
 
 
 def _media_type(content_type: str) -> str:
@@ -241,7 +246,8 @@ class Fetcher:
 
     async def current_rv(self) -> int | None:
         """The apiserver's current revision, from a one-item LIST of the key's collection sent
-        now (a consistent read, as every LIST without a resourceVersion); None if unreadable."""
+        now (a consistent read, as every LIST without a resourceVersion); None if refused or
+        unreadable, UNAVAILABLE if the apiserver could not answer."""
         try:
             answer = await self.source.open(
                 f"{self.key.collection_path}?limit=1",
@@ -250,15 +256,15 @@ class Fetcher:
                 forwarded_auth=self.forwarded_auth,
             )
         except ProxyError:
-            return None
+            return UNAVAILABLE
         try:
             body = await answer.body()
         except ProxyError:
-            return None
+            return UNAVAILABLE
         finally:
             answer.close()
         if answer.status != 200:
-            return None
+            return UNAVAILABLE if _unwell(answer.status) else None
         try:
             return parse_rv(json.loads(body)["metadata"]["resourceVersion"])
         except (ValueError, KeyError, TypeError):
@@ -267,7 +273,8 @@ class Fetcher:
     async def replay(self, since: str, up_to: int) -> int | None:
         """The resourceVersion of the key's last change in (``since``, ``up_to``], read from a
         short upstream watch from ``since``; None when there was none, REPLAY_FAILED when the
-        watch could not tell (refused, expired, broken). Once the apiserver has answered a
+        watch could not tell (refused, expired, broken), UNAVAILABLE if the apiserver could not
+        answer. Once the apiserver has answered a
         consistent read at ``up_to``, such a watch replays every change up to it at once."""
         path = self._path(watch="true", resourceVersion=since, timeoutSeconds=str(REPLAY_SECONDS))
         rep = self.representation
@@ -275,10 +282,10 @@ class Fetcher:
         try:
             answer = await self._open(path, "watch")
         except ProxyError:
-            return REPLAY_FAILED
+            return UNAVAILABLE
         try:
             if answer.status != 200:
-                return REPLAY_FAILED
+                return UNAVAILABLE if _unwell(answer.status) else REPLAY_FAILED
             records = answer.frames() if rep.framed else answer.lines()
             try:
                 # Bounded even if the apiserver ignored timeoutSeconds.

@@ -18,8 +18,9 @@ the state only once it is known to hold everything up to R:
    is current once it reaches the last of them, which is on its way to the shared watch.
 
 A watch that cannot be shown current is passed through, and the apiserver answers it — except
-while the apiserver is unreachable, when nothing better than the state exists and the client is
-served from it (the shared watch resumes behind it, as for every client of an outage).
+while the apiserver cannot answer (no answer, a 5xx or a 429 to the probe or the replay), when
+nothing better than the state exists and the client is served from it (the shared watch resumes
+behind it, as for every client of an outage).
 A shared watch made for this client is current by construction: its first LIST was sent after
 the request arrived (the multiplexer checks only the watches that existed before).
 """
@@ -29,7 +30,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from watchproxy.hub.fetcher import REPLAY_FAILED
+from watchproxy.hub.fetcher import REPLAY_FAILED, UNAVAILABLE
 from watchproxy.hub.freshlist import caught_up, looks_busy
 from watchproxy.hub.sharedwatch import SharedWatch
 
@@ -39,9 +40,12 @@ log = logging.getLogger("watchproxy.hub")
 REPLAYED_CHANGE_WAIT = 3.0
 
 
-def from_now(resource_version: str | None) -> bool:
-    """Whether a watch asks for the current state: no resourceVersion, or an empty one."""
-    return not resource_version
+async def not_current(
+    shared: SharedWatch, resource_version: str | None, wait: float, clock: Callable[[], float]
+) -> bool:
+    """Whether a watch from ``resource_version`` must be passed through: it asks for the
+    current state (no resourceVersion, or an empty one) and ``shared``'s is not shown to be."""
+    return not resource_version and not await is_current(shared, wait, clock)
 
 
 async def is_current(shared: SharedWatch, wait: float, clock: Callable[[], float]) -> bool:
@@ -51,7 +55,9 @@ async def is_current(shared: SharedWatch, wait: float, clock: Callable[[], float
     shared.metrics.freshness_probes.inc()
     current = await fetcher.current_rv()
     if current is None:
-        return shared.health.down  # unreachable: the state is the best there is
+        return False  # refused: the apiserver answers the watch itself
+    if current == UNAVAILABLE:
+        return True  # the apiserver cannot answer now: the state is the best there is
     # A state that moves is waited for; a quiet one would wait for nothing (see freshlist).
     busy = wait > 0 and looks_busy(shared, wait, clock())
     if await caught_up(shared, current, wait if busy else 0.0, clock):
@@ -60,9 +66,9 @@ async def is_current(shared: SharedWatch, wait: float, clock: Callable[[], float
     if since is None or shared.closed:
         return False
     newest = await fetcher.replay(since, current)
-    if newest == REPLAY_FAILED:
+    if newest in (REPLAY_FAILED, UNAVAILABLE):
         log.debug("no replay of %s from %s", shared.key.collection_path, since)
-        return shared.health.down
+        return newest == UNAVAILABLE
     if newest is None:
         return True  # nothing of this key changed between the state and R
     return await caught_up(shared, newest, REPLAYED_CHANGE_WAIT, clock)
