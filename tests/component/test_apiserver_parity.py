@@ -290,6 +290,20 @@ ROWS: list[Row] = [
         422,
         param="resourceVersionMatch",
     ),
+    Row("watch-rv-empty", W + "&resourceVersion=", 200, stream=True),
+    Row("watch-rv-0", W + "&resourceVersion=0", 200, stream=True),
+    Row(
+        "watch-rv-empty-bookmarks",
+        W + "&resourceVersion=&allowWatchBookmarks=true",
+        200,
+        stream=True,
+    ),
+    Row(
+        "watch-rv-0-sie-false",
+        W + "&resourceVersion=0&sendInitialEvents=false",
+        422,
+        param="resourceVersionMatch",
+    ),
     Row("watch-continue-from-an-rv", W + "&resourceVersion=1&continue=abc", 200, stream=True),
     Row("continue-garbage", P + "?continue=abc", 400),
     # --- selectors ------------------------------------------------------------------------

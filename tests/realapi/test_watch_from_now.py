@@ -27,8 +27,10 @@ pytestmark = pytest.mark.timeout(60, func_only=True)
 END = "k8s.io/initial-events-end"
 QUERIES = (
     "",
+    "&resourceVersion=",
     "&resourceVersion=0",
     "&allowWatchBookmarks=true",
+    "&resourceVersion=&allowWatchBookmarks=true",
     "&resourceVersion=0&allowWatchBookmarks=true",
 )
 
@@ -63,7 +65,11 @@ async def stream(
     return out
 
 
-@pytest.mark.parametrize("query", QUERIES, ids=["unset", "rv0", "unset-bookmarks", "rv0-bookmarks"])
+@pytest.mark.parametrize(
+    "query",
+    QUERIES,
+    ids=["unset", "empty", "rv0", "unset-bookmarks", "empty-bookmarks", "rv0-bookmarks"],
+)
 async def test_a_watch_from_now_is_answered_as_the_apiserver_answers_it(
     tmp_path: Path,
     real_apiserver: RealApiServer,
