@@ -21,8 +21,8 @@ A watch that cannot be shown current is passed through, and the apiserver answer
 while the apiserver cannot answer (no answer, a 5xx or a 429 to the probe or the replay), when
 nothing better than the state exists and the client is served from it (the shared watch resumes
 behind it, as for every client of an outage).
-A shared watch made for this client is current by construction: its first LIST was sent after
-the request arrived (the multiplexer checks only the watches that existed before).
+A shared watch whose first LIST had not been sent when the client arrived (made for it, or
+just made for another) is current by construction: the multiplexer does not check it.
 """
 
 from __future__ import annotations
