@@ -37,16 +37,11 @@ async def wait_current(
 ) -> bool:
     """Whether the state reflects ``current_rv`` within ``wait`` seconds (False if the shared
     watch ends first). True means: answer from it now, before the next await."""
-    return await caught_up(cover.shared, current_rv, wait, clock)
-
-
-async def caught_up(shared: SharedWatch, rv: int, wait: float, clock: Callable[[], float]) -> bool:
-    """Whether ``shared``'s state is at ``rv`` or later within ``wait`` seconds (False if the
-    shared watch ends first)."""
+    shared = cover.shared
     deadline = clock() + wait
     while True:
-        state_rv = shared.cache.resource_version
-        if state_rv is not None and state_rv >= rv and not shared.closed:
+        rv = shared.cache.resource_version
+        if rv is not None and rv >= current_rv and not shared.closed:
             return True
         remaining = deadline - clock()
         if remaining <= 0 or shared.closed:

@@ -11,7 +11,7 @@ the state only once it is known to hold everything up to R:
 
 1. R is read with a one-item LIST sent after the client's request arrived (a consistent read);
 2. a state already at R or later is current;
-3. a state that moves (``freshlist.looks_busy``) is waited for, as a consistent LIST is;
+3. a state that moves is waited for, as for a consistent LIST (``freshlist``);
 4. otherwise a short upstream watch of the key from the state's resourceVersion C replays the
    key's changes after C: the apiserver, having answered the consistent read at R, holds them
    all and sends them at once. None up to R: the state at C is the state at R. Some: the state
@@ -31,13 +31,35 @@ import logging
 from collections.abc import Callable
 
 from watchproxy.hub.fetcher import REPLAY_FAILED, UNAVAILABLE
-from watchproxy.hub.freshlist import caught_up, looks_busy
 from watchproxy.hub.sharedwatch import SharedWatch
 
 log = logging.getLogger("watchproxy.hub")
 
 # How long a state may take to reach the last change a replay showed (it is in flight).
 REPLAYED_CHANGE_WAIT = 3.0
+# A state that has not moved for this many waits is quiet: its next move is not expected soon
+# (the rule consistent LISTs follow, freshlist.QUIET_AFTER_WAITS; not imported from there so
+# that the hub depends on no LIST-serving module).
+QUIET_AFTER_WAITS = 4
+
+
+def _busy(shared: SharedWatch, wait: float, now: float) -> bool:
+    moved = shared.advanced_at
+    return moved is not None and now - moved <= wait * QUIET_AFTER_WAITS
+
+
+async def caught_up(shared: SharedWatch, rv: int, wait: float, clock: Callable[[], float]) -> bool:
+    """Whether ``shared``'s state is at ``rv`` or later within ``wait`` seconds (False if the
+    shared watch ends first)."""
+    deadline = clock() + wait
+    while True:
+        state_rv = shared.cache.resource_version
+        if state_rv is not None and state_rv >= rv and not shared.closed:
+            return True
+        remaining = deadline - clock()
+        if remaining <= 0 or shared.closed:
+            return False
+        await shared.wait_change(remaining)
 
 
 async def not_current(
@@ -59,7 +81,7 @@ async def is_current(shared: SharedWatch, wait: float, clock: Callable[[], float
     if current == UNAVAILABLE:
         return True  # the apiserver cannot answer now: the state is the best there is
     # A state that moves is waited for; a quiet one would wait for nothing (see freshlist).
-    busy = wait > 0 and looks_busy(shared, wait, clock())
+    busy = wait > 0 and _busy(shared, wait, clock())
     if await caught_up(shared, current, wait if busy else 0.0, clock):
         return True
     since = shared.cache.resource_version_str
