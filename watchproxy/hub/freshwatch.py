@@ -11,7 +11,7 @@ the state only once it is known to hold everything up to R:
 
 1. R is read with a one-item LIST sent after the client's request arrived (a consistent read);
 2. a state already at R or later is current;
-3. a state that moves is waited for, as for a consistent LIST (``freshlist``);
+3. a state that moves is waited for, as for a consistent LIST;
 4. otherwise a short upstream watch of the key from the state's resourceVersion C replays the
    key's changes after C: the apiserver, having answered the consistent read at R, holds them
    all and sends them at once. None up to R: the state at C is the state at R. Some: the state
@@ -38,7 +38,7 @@ log = logging.getLogger("watchproxy.hub")
 # How long a state may take to reach the last change a replay showed (it is in flight).
 REPLAYED_CHANGE_WAIT = 3.0
 # A state that has not moved for this many waits is quiet: its next move is not expected soon
-# (the rule consistent LISTs follow, freshlist.QUIET_AFTER_WAITS; not imported from there so
+# (the rule consistent LISTs follow; kept here rather than imported so
 # that the hub depends on no LIST-serving module).
 QUIET_AFTER_WAITS = 4
 
@@ -80,7 +80,7 @@ async def is_current(shared: SharedWatch, wait: float, clock: Callable[[], float
         return False  # refused: the apiserver answers the watch itself
     if current == UNAVAILABLE:
         return True  # the apiserver cannot answer now: the state is the best there is
-    # A state that moves is waited for; a quiet one would wait for nothing (see freshlist).
+    # A state that moves is waited for; a quiet one would wait for nothing.
     busy = wait > 0 and _busy(shared, wait, clock())
     if await caught_up(shared, current, wait if busy else 0.0, clock):
         return True
