@@ -26,6 +26,7 @@ class OpenStream:
         self.watch = watch
         self.queue: asyncio.Queue[object] = asyncio.Queue()
         self.cut_off = False
+        self.lag = 0.0  # seconds each event waits before it is written (Faults.lag_open_watches)
 
     def cut(self) -> None:
         """Abort the connection (no final chunk reaches the client) and wake the handler."""
@@ -51,6 +52,12 @@ class ServerContext:
     max_watch_buffer: int = 100_000
     rng: random.Random = field(default_factory=random.Random)
     streams: set[OpenStream] = field(default_factory=set)
+
+    def lag_watches(self, seconds: float) -> int:
+        targets = [s for s in self.streams if s.watch]
+        for s in targets:
+            s.lag = seconds
+        return len(targets)
 
     def cut_streams(self, *, watches_only: bool = False) -> int:
         targets = [s for s in self.streams if s.watch or not watches_only]

@@ -29,6 +29,8 @@ class Listener(Protocol):
 
     def cut_streams(self, *, watches_only: bool = False) -> int: ...
 
+    def lag_watches(self, seconds: float) -> int: ...
+
     def abort_connections(self) -> None: ...
 
 
@@ -198,6 +200,12 @@ class Faults:
     def delay_watch_events(self, seconds: float) -> None:
         """Every watch writes each event this long after it took it (a watch that lags)."""
         self.watch_delay = seconds
+
+    def lag_open_watches(self, seconds: float) -> int:
+        """The watches open now write each later event this long after they took it; watches
+        opened later do not lag (a watcher behind the rest, or an event still on its way to one
+        client while the store has it). Returns how many lag."""
+        return self._listener.lag_watches(seconds)
 
     def hang_watches(self, hang: bool) -> None:
         """While set, new watch responses send their headers and then nothing at all."""

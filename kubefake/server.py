@@ -100,6 +100,9 @@ class FakeApiServer:
     def cut_streams(self, *, watches_only: bool = False) -> int:
         return self._ctx.cut_streams(watches_only=watches_only)
 
+    def lag_watches(self, seconds: float) -> int:
+        return self._ctx.lag_watches(seconds)
+
     def abort_connections(self) -> None:
         """Abort every open client connection (resets, no goodbye)."""
         if self._runner is None or self._runner.server is None:

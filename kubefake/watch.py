@@ -264,6 +264,7 @@ async def _stream_events(
         assert isinstance(item, Change)
         event = filter_change(item, flt)
         if event is not None:
-            if ctx.faults.watch_delay:
-                await asyncio.sleep(ctx.faults.watch_delay)  # a lagging watch cache
+            delay = ctx.faults.watch_delay or stream.lag
+            if delay:
+                await asyncio.sleep(delay)  # a lagging watch cache, or a lagging watcher
             await write(encoder.encode(*event))

@@ -39,6 +39,11 @@ ROWS = (
         ("test_watchlist_informers::test_watchlist_informers_share",),
     ),
     Row(
+        "client-go v0.37.2 informers (WatchList)",
+        "fall back to LIST + WATCH as direct when the apiserver refuses watch-lists",
+        ("test_watchlist_fallback::",),
+    ),
+    Row(
         "client-go v0.34 informer (JSON, protobuf), Watch",
         "every change once across an outage / a compaction",
         ("test_real_clients::test_every_client_gets_every_change_once",),
@@ -76,7 +81,32 @@ ROWS = (
         'watch from "now" ("" or "0", with and without bookmarks) as the apiserver',
         ("test_watch_from_now::",),
     ),
+    Row(
+        "HTTP",
+        "a watch from now joining a shared watch holds every earlier write",
+        ("test_watch_from_now::test_a_watch_from_now_joining",),
+    ),
+    Row(
+        "HTTP",
+        "watch-list refusals (422) and forms: code and reason, hub and pass-through",
+        ("test_parity::test_watch_list_refusals",),
+    ),
     Row("HTTP", "protobuf watches and lists", ("test_protobuf::",)),
+    Row(
+        "HTTP",
+        "CBOR lists and watches (CBORServingAndStorage on) as direct, beside shared JSON",
+        ("test_cbor::test_cbor_lists_and_watches",),
+    ),
+    Row(
+        "HTTP",
+        "CBOR refused as direct (gate off, the default): 406, and 415 for a CBOR body",
+        ("test_cbor::test_cbor_refusals",),
+    ),
+    Row(
+        "HTTP",
+        "Accept drop=metadata.managedFields as the apiserver (passed through)",
+        ("test_cbor::test_a_managed_fields_drop",),
+    ),
     Row(
         "HTTP",
         "gzip passes through byte for byte (LIST)",

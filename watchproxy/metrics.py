@@ -323,8 +323,8 @@ class Metrics:
         self.freshness_probes = add(
             Counter,
             "watchproxy_freshness_probes",
-            "Upstream LISTs with limit=1 sent to read the apiserver's current revision for "
-            "consistent LISTs (shared by the requests waiting at the same time).",
+            "Upstream LISTs with limit=1 that read the apiserver's current revision for "
+            "consistent LISTs (shared by concurrent ones) and watches from now (one each).",
         )
         self.lists_from_cache = add(
             Counter,

@@ -224,6 +224,59 @@ ROWS: list[Row] = [
         200,
         stream=True,
     ),
+    # --- watch-lists the apiserver refuses (client-go falls back to LIST + WATCH on these) ---
+    Row(
+        "watch-sie-without-match",
+        W + "&sendInitialEvents=true",
+        422,
+        param="resourceVersionMatch",
+    ),
+    Row(
+        "watch-sie-false-without-match",
+        W + "&sendInitialEvents=false",
+        422,
+        param="resourceVersionMatch",
+    ),
+    Row(
+        "watch-sie-maybe-without-match",
+        W + "&sendInitialEvents=maybe",
+        422,
+        param="resourceVersionMatch",
+    ),
+    Row(
+        "watch-sie-with-continue",
+        W + "&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&continue=abc",
+        422,
+        param="resourceVersionMatch",
+    ),
+    Row("list-sie", P + "?sendInitialEvents=true", 422, param="sendInitialEvents"),
+    Row(
+        "list-sie-with-match",
+        P + "?sendInitialEvents=true&resourceVersionMatch=NotOlderThan&resourceVersion=0",
+        422,
+        param="sendInitialEvents",
+    ),
+    # ... and those it serves: without bookmarks (no end bookmark), from "0", from an RV
+    Row(
+        "watch-sie-without-bookmarks",
+        W + "&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=false",
+        200,
+        stream=True,
+    ),
+    Row(
+        "watch-sie-from-rv-0",
+        W + "&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&resourceVersion=0"
+        "&allowWatchBookmarks=true",
+        200,
+        stream=True,
+    ),
+    Row(
+        "watch-sie-from-an-rv",
+        W + "&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&resourceVersion=1"
+        "&allowWatchBookmarks=true",
+        200,
+        stream=True,
+    ),
     Row(
         "watch-continue-from-now",
         W + "&continue=abc",
@@ -234,6 +287,20 @@ ROWS: list[Row] = [
     Row(
         "watch-continue-from-rv-0",
         W + "&resourceVersion=0&continue=abc",
+        422,
+        param="resourceVersionMatch",
+    ),
+    Row("watch-rv-empty", W + "&resourceVersion=", 200, stream=True),
+    Row("watch-rv-0", W + "&resourceVersion=0", 200, stream=True),
+    Row(
+        "watch-rv-empty-bookmarks",
+        W + "&resourceVersion=&allowWatchBookmarks=true",
+        200,
+        stream=True,
+    ),
+    Row(
+        "watch-rv-0-sie-false",
+        W + "&resourceVersion=0&sendInitialEvents=false",
         422,
         param="resourceVersionMatch",
     ),

@@ -52,7 +52,11 @@ async def test_identical_watches_share_one_upstream_watch(tmp_path: Any) -> None
         db_clients = [read_watch(session, db, until=until(1 + 10)) for _ in range(5)]
         tasks = [asyncio.ensure_future(c) for c in web_clients + db_clients]
         await running.fake.stats.wait_until(lambda s: s.active_watches >= 2)
-        await asyncio.sleep(0)  # let every client subscribe before the churn starts
+        # Every client subscribed before the churn starts (a client joining a running shared
+        # watch first checks that its state is current: see hub/freshwatch.py).
+        hub = running.proxy.hub
+        assert hub is not None
+        await wait_for(lambda: sum(len(w.cursors) for w in hub.watches.values()) == 15)
         for i in range(10):
             store.modify("pods", "default", f"web-{i % 3}", set_phase(f"P{i}"))
             store.modify("pods", "default", "db-0", set_phase(f"P{i}"))

@@ -17,7 +17,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.harness import proxy_for_upstream
+from tests.harness import proxy_for_upstream, wait_for
 from tests.realapi.fixture import RealApiServer
 from tests.realapi.kubeapi import Api
 from watchproxy.upstream.connector import SerialConnector
@@ -27,8 +27,10 @@ pytestmark = pytest.mark.timeout(60, func_only=True)
 END = "k8s.io/initial-events-end"
 QUERIES = (
     "",
+    "&resourceVersion=",
     "&resourceVersion=0",
     "&allowWatchBookmarks=true",
+    "&resourceVersion=&allowWatchBookmarks=true",
     "&resourceVersion=0&allowWatchBookmarks=true",
 )
 
@@ -63,7 +65,11 @@ async def stream(
     return out
 
 
-@pytest.mark.parametrize("query", QUERIES, ids=["unset", "rv0", "unset-bookmarks", "rv0-bookmarks"])
+@pytest.mark.parametrize(
+    "query",
+    QUERIES,
+    ids=["unset", "empty", "rv0", "unset-bookmarks", "empty-bookmarks", "rv0-bookmarks"],
+)
 async def test_a_watch_from_now_is_answered_as_the_apiserver_answers_it(
     tmp_path: Path,
     real_apiserver: RealApiServer,
@@ -89,3 +95,41 @@ async def test_a_watch_from_now_is_answered_as_the_apiserver_answers_it(
     )
     assert proxied == expected
     assert ("BOOKMARK", "END") in expected if "allowWatchBookmarks" in query else True
+
+
+@pytest.mark.parametrize("resource", ["configmaps", "secrets"], ids=["etcd", "watch-cache"])
+async def test_a_watch_from_now_joining_a_shared_watch_holds_every_earlier_write(
+    tmp_path: Path,
+    real_apiserver: RealApiServer,
+    direct: Api,
+    namespace: str,
+    plain: aiohttp.ClientSession,
+    resource: str,
+) -> None:
+    """The apiserver serves a watch from now at its current revision, so a write made just
+    before is in its initial events; the hub serves such a watch from a running shared watch
+    only once it has shown that state to be as new (hub/freshwatch.py), here without passing
+    any through. configmaps are watched from etcd in this apiserver, secrets from its cache."""
+    path = f"/api/v1/namespaces/{namespace}/{resource}"
+    await direct.ok("POST", path, body={"metadata": {"name": "a"}})
+    upstream = real_apiserver.write_kubeconfig(
+        tmp_path / "up.kubeconfig", token=real_apiserver.token
+    )
+    target = f"{path}?watch=1&timeoutSeconds=2&allowWatchBookmarks=true"
+    async with (
+        proxy_for_upstream(tmp_path, upstream) as running,
+        plain.get(running.url + path + "?watch=1") as holder,
+    ):
+        assert holder.status == 200
+        hub = running.proxy.hub
+        assert hub is not None
+        await wait_for(lambda: hub.active_clients == 1, what="the shared watch")
+        for query in ("&sendInitialEvents=true&resourceVersionMatch=NotOlderThan", ""):
+            name = f"w{len(query)}"
+            await direct.ok("POST", path, body={"metadata": {"name": name}})
+            events = await stream(plain, running.url + target + query)
+            initial = events[: events.index(("BOOKMARK", "END"))]
+            assert ("ADDED", name) in initial, (query, events)
+        registry = running.proxy.metrics.registry
+        passed = {"reason": "not-current"}
+        assert registry.get_sample_value("watchproxy_watch_passthrough_total", passed) is None

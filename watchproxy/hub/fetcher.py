@@ -12,6 +12,7 @@ value inside its ``except`` and yielded after it, so nothing is awaited while an
 from __future__ import annotations
 
 import asyncio
+import json
 import urllib.parse
 from collections.abc import AsyncGenerator, Callable
 from http import HTTPStatus
@@ -19,7 +20,7 @@ from typing import Any
 
 from watchproxy.errors import ProxyError
 from watchproxy.hub import cachestate
-from watchproxy.hub.cachetypes import ListedObject
+from watchproxy.hub.cachetypes import ListedObject, parse_rv
 from watchproxy.hub.outcomes import (
     Bookmark,
     Broken,
@@ -42,6 +43,15 @@ from watchproxy.kube.representation import Representation
 from watchproxy.metrics import Metrics
 
 LIST_PAGE_SIZE = 500
+# A replay's upstream watch ends after this long (the apiserver's smallest timeoutSeconds): it
+# sends the events it already holds at once, so a quiet key's replay is this long and empty.
+REPLAY_SECONDS = 1
+REPLAY_FAILED = -1  # what replay() returns when it could not tell
+UNAVAILABLE = -2  # current_rv() and replay(): no answer, or a 5xx or 429 (the apiserver is unwell)
+
+
+def _unwell(status: int) -> bool:
+    return status >= 500 or status == 429
 
 
 def _media_type(content_type: str) -> str:
@@ -233,3 +243,71 @@ class Fetcher:
             return Event(kind, obj)
         except (ValueError, KeyError, TypeError, AttributeError) as error:
             return Broken(f"unreadable watch event: {type(error).__name__}")
+
+    async def current_rv(self) -> int | None:
+        """The apiserver's current revision, from a one-item LIST of the key's collection sent
+        now (a consistent read, as every LIST without a resourceVersion); None if refused or
+        unreadable, UNAVAILABLE if the apiserver could not answer."""
+        try:
+            answer = await self.source.open(
+                f"{self.key.collection_path}?limit=1",
+                accept="application/json",
+                verb="list",
+                forwarded_auth=self.forwarded_auth,
+            )
+        except ProxyError:
+            return UNAVAILABLE
+        try:
+            body = await answer.body()
+        except ProxyError:
+            return UNAVAILABLE
+        finally:
+            answer.close()
+        if answer.status != 200:
+            return UNAVAILABLE if _unwell(answer.status) else None
+        try:
+            return parse_rv(json.loads(body)["metadata"]["resourceVersion"])
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    async def replay(self, since: str, up_to: int) -> int | None:
+        """The resourceVersion of the key's last change in (``since``, ``up_to``], read from a
+        short upstream watch from ``since``; None when there was none, REPLAY_FAILED when the
+        watch could not tell (refused, expired, broken), UNAVAILABLE if the apiserver could not
+        answer. Once the apiserver has answered a
+        consistent read at ``up_to``, such a watch replays every change up to it at once."""
+        path = self._path(watch="true", resourceVersion=since, timeoutSeconds=str(REPLAY_SECONDS))
+        rep = self.representation
+        newest: int | None = None
+        try:
+            answer = await self._open(path, "watch")
+        except ProxyError:
+            return UNAVAILABLE
+        try:
+            if answer.status != 200:
+                return UNAVAILABLE if _unwell(answer.status) else REPLAY_FAILED
+            records = answer.frames() if rep.framed else answer.lines()
+            try:
+                # Bounded even if the apiserver ignored timeoutSeconds.
+                async with asyncio.timeout(REPLAY_SECONDS + 10):
+                    async for record in records:
+                        if not record.strip():
+                            continue
+                        kind, obj = rep.decode_event(record)
+                        if kind == "BOOKMARK":
+                            rv = parse_rv(str(obj["metadata"]["resourceVersion"]))
+                        elif kind in ("ADDED", "MODIFIED", "DELETED"):
+                            rv = parse_rv(rep.object_rv(obj))
+                        else:
+                            return REPLAY_FAILED  # an ERROR: 410 Expired, or worse
+                        if rv > up_to:
+                            break  # events come in resourceVersion order: the rest are later
+                        if kind != "BOOKMARK":
+                            newest = rv
+            except (TimeoutError, ProxyError, ValueError, KeyError, TypeError, AttributeError):
+                return REPLAY_FAILED
+            finally:
+                await records.aclose()
+        finally:
+            answer.close()
+        return newest

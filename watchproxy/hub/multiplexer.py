@@ -31,12 +31,14 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from watchproxy.config import HubConfig
 from watchproxy.errors import TooManyRequests, UpstreamTimeout, UpstreamUnavailable
 from watchproxy.hub.cachetypes import StartPlan
+from watchproxy.hub.freshwatch import not_current
 from watchproxy.hub.historybudget import HistoryBudget
 from watchproxy.hub.outcomes import NotShared
 from watchproxy.hub.ports import UpstreamHealth, WatchSource, WatchStarter
 from watchproxy.hub.sharedwatch import KeyNotShared, SharedWatch, UpstreamRefused
 from watchproxy.hub.subscriber import Subscriber, SubscriberOptions
 from watchproxy.hub.watchkey import Unservable, WatchKey, identity_of, watch_key
+from watchproxy.hub.watchlists import WatchListSupport
 from watchproxy.kube.apipath import ApiPath
 from watchproxy.kube.headers import forwarded_credential
 from watchproxy.kube.representation import Representation
@@ -114,6 +116,7 @@ class Hub:
         self._history_resources: set[str] = set()
         # Keys that did not fit, until when their watches pass through without another try.
         self._over_budget: dict[WatchKey, float] = {}
+        self.watch_lists = WatchListSupport(source, clock)
 
     def _shared(
         self, key: WatchKey, representation: Representation, auth: str | None
@@ -203,6 +206,10 @@ class Hub:
         if (key.resource_label, representation.identity) in self.unencodable:
             self.metrics.passthrough_watches.labels("representation").inc()
             return None
+        asks_watch_list = query.send_initial_events is not None or query.watch_list
+        if asks_watch_list and not await self.watch_lists.served(key, auth):
+            self.metrics.passthrough_watches.labels("watch-list-refused").inc()
+            return None  # the apiserver refuses it: the client falls back as it would
         until = self._over_budget.get(key)
         if until is not None:
             if until > self.clock():
@@ -221,6 +228,8 @@ class Hub:
                 "the apiserver is unreachable and this watch has no shared state yet; "
                 f"watchproxy checks again in {self.health.retry_after():.0f}s"
             )
+        # A shared watch whose first LIST is yet to be sent will list a state that is current.
+        existed = shared is not None and not shared.closed and shared.upstream_attempts > 0
         shared = self._shared(key, representation, auth)
         resuming = query.resource_version not in (None, "", "0") and not query.send_initial_events
         if resuming and query.resource_version is not None:
@@ -244,6 +253,10 @@ class Hub:
                     self.metrics.passthrough_watches.labels("list-refused").inc()
                     return None
                 return Refusal(refused.status, refused.body, refused.content_type)
+            fresh = self.config.consistent_list_wait_seconds
+            if existed and await not_current(shared, query.resource_version, fresh, self.clock):
+                self.metrics.passthrough_watches.labels("not-current").inc()
+                return None  # the apiserver answers it consistently
             plan = await self._plan(shared, query)
             if plan.outside_window:
                 # Older than this key's history: only the apiserver knows.

@@ -29,7 +29,12 @@ _UNSUPPORTED_TYPES = frozenset(
         "application/json",  # only reached when the case differs from the apiserver's
     }
 )
-_REFUSED_PARAMS = ("pretty", "sv", "export")
+# The media-type parameters the hub serves: the apiserver's transformation (as, g, v), its watch
+# framing, and HTTP's charset (which no Kubernetes version reads). A request with any other is
+# passed through, whether the apiserver reads it (pretty, sv, export, profile) or ignores it, as
+# 1.37.2 does ``drop=metadata.managedFields``: a later apiserver may answer it with another
+# representation, which a watch shared with plain JSON clients would not be.
+_SERVED_PARAMS = frozenset({"as", "g", "v", "stream", "charset"})
 _INCLUDE_OBJECT = {"": "Metadata", "Metadata": "Metadata", "Object": "Object"}
 
 
@@ -105,7 +110,7 @@ def _sorted_clauses(header: str) -> list[tuple[float, str, str, dict[str, str]]]
 def _from_json_params(params: Mapping[str, str], include_object: str | None) -> Representation:
     if params.get("stream", "") not in ("", "watch"):
         raise _Unservable
-    if any(name in params for name in _REFUSED_PARAMS):
+    if any(name not in _SERVED_PARAMS for name in params):
         raise _Unservable
     if not any(name in params for name in ("as", "g", "v")):
         return JsonRepresentation()

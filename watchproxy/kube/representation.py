@@ -5,7 +5,8 @@ the kind's own protobuf (:mod:`watchproxy.kube.protobuf`).
 :func:`watchproxy.kube.negotiation.representation_for` picks one from a client's ``Accept``
 header (and ``includeObject``) as the apiserver's content negotiation does, and returns ``None``
 whenever the proxy could not be sure to answer byte-for-byte what the apiserver would (YAML,
-CBOR or protobuf ``as=`` chosen first, unknown ``as=``, ``pretty``/``sv``/``export``, unknown
+CBOR or protobuf ``as=`` chosen first, unknown ``as=``, a parameter other than ``as``, ``g``,
+``v``, ``stream`` and ``charset`` such as ``pretty`` or ``drop=metadata.managedFields``, unknown
 ``stream=``, media types that only match case-insensitively, unparsable q-values, an ordering
 that Go's sort might not reproduce). Such requests are passed through unchanged. Tables:
 :mod:`watchproxy.kube.tables`.

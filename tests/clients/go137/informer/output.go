@@ -9,7 +9,8 @@ import (
 )
 
 // line is one JSON line of output: a handler call (ADDED, MODIFIED, SYNC, DELETED), a marker
-// (READY, WATCH_ERROR), a watch request (WATCH) or one event off the wire (WIRE).
+// (READY, WATCH_ERROR), a request's answer (REQUEST: verb in event, status in code), a watch
+// answered 200 (WATCH) or one event off the wire (WIRE).
 type line struct {
 	Type            string `json:"type"`
 	Namespace       string `json:"namespace,omitempty"`

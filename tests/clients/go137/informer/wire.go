@@ -19,6 +19,15 @@ type wireTap struct {
 
 func (t *wireTap) RoundTrip(req *http.Request) (*http.Response, error) {
 	resp, err := t.next.RoundTrip(req)
+	if err == nil {
+		// Every answer, refusals included: the tests compare how the reflector got its
+		// initial list (watch-list, or a fallback to LIST + WATCH) direct and through a proxy.
+		verb := "list"
+		if isWatch(req) {
+			verb = "watch"
+		}
+		t.out.write(line{Type: "REQUEST", Event: verb, Query: req.URL.RawQuery, Code: int32(resp.StatusCode)})
+	}
 	if err != nil || !isWatch(req) || resp.StatusCode != http.StatusOK {
 		return resp, err
 	}
