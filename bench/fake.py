@@ -10,6 +10,8 @@ in flight gets 429.
 - ``state``: ``{"rv": <store RV>, "watches": <open watch streams>}``
 - ``busy N``: answers ``{"in_flight": n}`` once n >= N requests are being served at once
   (``{"error"}`` after 10 s)
+- ``arrivals``: ``{"arrivals": [[<time.monotonic() at arrival>, <User-Agent>], ...]}``, every
+  request since start-up or the last ``arrivals``/``gen``, in arrival order; forgets them
 - ``poke``: one write between cells (no answer)
 - ``gen E R``: modify the K configmaps round-robin E times, at R events/s (R <= 0: as fast as
   the loop allows, yielding after each write so the watch streams interleave). Every object is
@@ -114,6 +116,10 @@ async def main() -> None:
                 except TimeoutError:
                     return {"error": f"fewer than {wanted} requests in flight for 10 s"}
                 return {"in_flight": fake.stats.in_flight}
+            if words[0] == "arrivals":
+                seen = [[r.time, r.headers.get("User-Agent", "")] for r in fake.stats.requests]
+                fake.stats.reset()
+                return {"arrivals": seen}
             if words[0] == "poke":
                 # One write outside any cell: wakes idle watchproxy subscribers of clients that
                 # have gone, so they notice at once instead of at their next liveness poll.

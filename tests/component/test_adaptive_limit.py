@@ -4,7 +4,9 @@ pushes back (429s), and back up once the pushback stops."""
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
+import time
 from collections import Counter
 from typing import Any
 
@@ -22,6 +24,8 @@ CONFIGMAPS = "/api/v1/namespaces/default/configmaps"
 # as many times as it takes within the test's bound.
 CLIENT_RETRIES = 100
 RETRY_SECONDS = 0.05
+# The User-Agents of the two programs of one pod in the fairness test.
+CALM, HOT = "calm/1.0", "hot/1.0"
 
 
 def configmap(name: str) -> dict[str, Any]:
@@ -128,21 +132,32 @@ async def test_pushback_costs_the_apiserver_far_fewer_refusals_than_direct_clien
     )
 
 
-async def timed_gets(
-    session: aiohttp.ClientSession, url: str, count: int, user_agent: str
-) -> list[float]:
-    latencies = []
+async def calm_gets(session: aiohttp.ClientSession, url: str, count: int) -> list[float]:
+    """``count`` GETs, one after the other, as the calm program: the time.monotonic() at
+    which each was sent."""
+    sent = []
     for _ in range(count):
-        started = asyncio.get_running_loop().time()
-        async with session.get(url, headers={"User-Agent": user_agent}) as response:
+        sent.append(time.monotonic())
+        async with session.get(url, headers={"User-Agent": CALM}) as response:
             await response.read()
             assert response.status == 200
-        latencies.append(asyncio.get_running_loop().time() - started)
-    return latencies
+    return sent
 
 
-def p99(latencies: list[float]) -> float:
-    return sorted(latencies)[int(len(latencies) * 0.99)]
+def served_ahead(sent: list[float], arrivals: list[list[Any]]) -> list[int]:
+    """For each calm request, how many of the hot loop's requests reached the apiserver after
+    it was sent and before it did (the apiserver's clock is this machine's monotonic clock)."""
+    calm = [at for at, agent in arrivals if agent == CALM]
+    hot = sorted(at for at, agent in arrivals if agent == HOT)
+    assert len(calm) == len(sent), (len(calm), len(sent))
+    return [
+        bisect.bisect_left(hot, arrived) - bisect.bisect_right(hot, sent_at)
+        for sent_at, arrived in zip(sent, calm, strict=True)
+    ]
+
+
+def p99(samples: list[int]) -> int:
+    return sorted(samples)[int(len(samples) * 0.99)]
 
 
 async def test_a_hot_loop_beside_a_calm_client_in_the_same_pod_gets_only_its_share(
@@ -150,18 +165,20 @@ async def test_a_hot_loop_beside_a_calm_client_in_the_same_pod_gets_only_its_sha
 ) -> None:
     """Two programs of one pod (same address, their own User-Agents) while the limit binds:
     eight upstream requests at once, each taking the apiserver 25-75 ms. The hot one keeps 64
-    requests waiting; the calm one's p99 stays within twice what it is alone (about 1.2 times),
-    because waiting requests are served in turn between the two, not in arrival order (with
-    flows that ignore the User-Agent: about 6 times).
+    requests waiting; each request of the calm one waits for at most one round of the eight
+    slots, not behind the hot one's backlog, because waiting requests are served in turn
+    between the two, not in arrival order.
 
-    Every party is its own process, as in a pod: the fake apiserver (bench.fake), watchproxy
-    (bench.proxy), the hot loop (gocontroller); only the calm client runs here. With the fake
-    and the proxy in this process, one event loop served the calm client, the proxy and the
-    fake's answers to the hot loop, so on a starved CPU the calm samples waited behind the
-    fake's work in that loop (a p99 of 91 ms against 37 ms alone in a cold CI run), which is
-    no part of the proxy's fairness. 50 ms of service (not 20) keeps the hot loop's request
-    rate, and so the CPU it costs the proxy and the fake, at 160/s, and makes the queue order
-    this test is about the larger part of what it measures."""
+    What is measured is that order, where it shows: for each calm request, how many hot
+    requests reached the apiserver between its sending and its own arrival there. Served in
+    turn, 2 to 4 (p99); in arrival order (flows that ignore the User-Agent), 58. It
+    used to be the calm client's p99 latency against its p99 alone, which on a busy machine
+    measured the machine: the fake apiserver and the proxy shared this process's event loop
+    with the calm client, and wherever they run, a CPU that other work takes stalls a process
+    for 100-500 ms now and then, which a p99 of 200 samples cannot absorb (a ratio of 2.35
+    and 4.0 in runs where the queue order was right). A stalled proxy admits no request, so
+    stalls barely move this count. Every party is its own process, as in a pod: the fake
+    apiserver (bench.fake), watchproxy (bench.proxy), the hot loop (gocontroller)."""
     fake, proxy = Child("fake", str(tmp_path)), Child("proxy", str(tmp_path))
     try:
         upstream = await fake.start(
@@ -178,19 +195,21 @@ async def test_a_hot_loop_beside_a_calm_client_in_the_same_pod_gets_only_its_sha
         url = base + CONFIGMAPS + "/bench-0"
         connector = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=connector) as session:
-            alone = await timed_gets(session, url, 200, "calm/1.0")
+            await calm_gets(session, url, 1)  # its connection is open
             # The hot loop: one User-Agent, 64 requests at once, as fast as it is answered,
-            # for longer than the calm client's samples can take.
+            # for longer than the calm client's requests can take.
             hot = await asyncio.create_subprocess_exec(
                 str(go_binary("gocontroller")), "-url", base, "-workers", "64",
-                "-seconds", "90", "-user-agent", "hot/1.0", stdout=asyncio.subprocess.PIPE,
+                "-seconds", "90", "-user-agent", HOT, stdout=asyncio.subprocess.PIPE,
             )  # fmt: skip
             try:
                 await fake.ask("busy 8")
-                # About 15 s served in turn; in arrival order, behind the hot loop's backlog,
-                # over 60 s.
+                await fake.ask("arrivals")  # forgets those so far
+                # About 15 s served in turn; in arrival order, behind the backlog, over 60 s.
                 async with asyncio.timeout(60):
-                    loaded = await timed_gets(session, url, 200, "calm/1.0")
+                    sent = await calm_gets(session, url, 200)
+                arrivals = (await fake.ask("arrivals"))["arrivals"]
+                assert hot.returncode is None, "the hot loop ended before the calm client"
             finally:
                 with contextlib.suppress(ProcessLookupError):
                     hot.terminate()
@@ -198,4 +217,5 @@ async def test_a_hot_loop_beside_a_calm_client_in_the_same_pod_gets_only_its_sha
     finally:
         await proxy.stop()
         await fake.stop()
-    assert p99(loaded) <= 2 * p99(alone), (p99(loaded), p99(alone))
+    ahead = served_ahead(sent, arrivals)
+    assert p99(ahead) <= 8, sorted(ahead)[-20:]
