@@ -1,9 +1,17 @@
 """Role: the fake apiserver and the event generator, in one process.
 
-``python -m bench.fake --dir DIR [--objects K] [--object-bytes B] [--no-tls]`` prints
-``{"url", "ca", "token", "kubeconfig", "rv"}`` once it serves, then answers commands:
+``python -m bench.fake --dir DIR [--objects K] [--object-bytes B] [--no-tls]
+[--max-in-flight N --service-seconds S [--jitter]]`` prints ``{"url", "ca", "token",
+"kubeconfig", "rv"}`` once it serves, then answers commands. With ``--max-in-flight`` it serves
+like an apiserver with ``--max-requests-inflight`` (``Faults.limit_in_flight``): each request
+that is not a watch takes S seconds (0.5 to 1.5 times S with ``--jitter``), and one beyond N
+in flight gets 429.
 
 - ``state``: ``{"rv": <store RV>, "watches": <open watch streams>}``
+- ``busy N``: answers ``{"in_flight": n}`` once n >= N requests are being served at once
+  (``{"error"}`` after 10 s)
+- ``arrivals``: ``{"arrivals": [[<time.monotonic() at arrival>, <User-Agent>], ...]}``, every
+  request since start-up or the last ``arrivals``/``gen``, in arrival order; forgets them
 - ``poke``: one write between cells (no answer)
 - ``gen E R``: modify the K configmaps round-robin E times, at R events/s (R <= 0: as fast as
   the loop allows, yielding after each write so the watch streams interleave). Every object is
@@ -76,9 +84,14 @@ async def main() -> None:
     parser.add_argument("--object-bytes", type=int, default=1024)
     parser.add_argument("--history", type=int, default=200_000)
     parser.add_argument("--no-tls", action="store_true")
+    parser.add_argument("--max-in-flight", type=int, default=None)
+    parser.add_argument("--service-seconds", type=float, default=0.0)
+    parser.add_argument("--jitter", action="store_true")
     args = parser.parse_args()
 
     fake = FakeApiServer(tls=not args.no_tls, history_size=args.history, bookmark_interval=5.0)
+    if args.max_in_flight is not None:
+        fake.faults.limit_in_flight(args.max_in_flight, args.service_seconds, jitter=args.jitter)
     await fake.start()
     try:
         generator = Generator(fake, args.objects, args.object_bytes)
@@ -96,6 +109,17 @@ async def main() -> None:
         async def handle(words: list[str]) -> dict[str, Any] | None:
             if words[0] == "state":
                 return {"rv": fake.store.resource_version, "watches": fake.stats.active_watches}
+            if words[0] == "busy":
+                wanted = int(words[1])
+                try:
+                    await fake.stats.wait_until(lambda s: s.in_flight >= wanted, within=10.0)
+                except TimeoutError:
+                    return {"error": f"fewer than {wanted} requests in flight for 10 s"}
+                return {"in_flight": fake.stats.in_flight}
+            if words[0] == "arrivals":
+                seen = [[r.time, r.headers.get("User-Agent", "")] for r in fake.stats.requests]
+                fake.stats.reset()
+                return {"arrivals": seen}
             if words[0] == "poke":
                 # One write outside any cell: wakes idle watchproxy subscribers of clients that
                 # have gone, so they notice at once instead of at their next liveness poll.

@@ -3,8 +3,9 @@
 What a client prints is bounded, and a client known to be broken fails its test at once: a
 client in a loop it cannot leave (kube-rs without back-off whose HTTP stack has died answers
 every poll with the same error at once, hundreds of thousands of lines a minute) is stopped
-after ``BROKEN_AFTER_ERRORS`` error lines in a row, or ``MAX_LINES`` lines in all, and every
-wait on it then raises with a report of a few lines.
+after ``BROKEN_AFTER_ERRORS`` error lines in a row, ``MAX_LINES`` lines in all, a line that says
+its client is dead for good (``FATAL_MESSAGES``) or any line after its own ``EXIT`` line, and
+every wait on it then raises with a report of a few lines.
 """
 
 from __future__ import annotations
@@ -27,6 +28,12 @@ ERROR_TYPES = frozenset({"ERROR", "WATCH_ERROR"})
 # A client that recovers prints a few errors and then events again; one that prints this many
 # errors and nothing else is in a loop it cannot leave.
 BROKEN_AFTER_ERRORS = 1000
+# Error messages after which a client can never recover: kube-rs's client sends every request
+# through a tower ``Buffer`` whose worker task, once gone, fails every later request at once.
+FATAL_MESSAGES = ("buffer's worker closed unexpectedly",)
+# The line a client prints last, when it exits (kubewatch); one printed after it is from a
+# program that failed to end.
+EXIT_TYPE = "EXIT"
 # Lines kept in memory; a test's clients print a few thousand at most.
 MAX_LINES = 100_000
 # How much of one line a report shows.
@@ -57,9 +64,12 @@ class ClientProcess:
         self.log_path = log_path
         self.lines: list[Line] = []
         self.returncode: int | None = None
-        # Why the client was stopped as broken (None: it was not), and its first error line.
+        # Why the client was stopped as broken (None: it was not), its first error line and
+        # where that is in ``lines``.
         self.broken: str | None = None
         self.first_error: Line | None = None
+        self.first_error_at = 0
+        self.exited = False  # it printed its EXIT line
         self.errors_in_a_row = 0
         self.dropped = 0  # lines read after it was stopped as broken
         self._process: asyncio.subprocess.Process | None = None
@@ -103,19 +113,29 @@ class ClientProcess:
             self.errors_in_a_row += 1
             if self.first_error is None:
                 self.first_error = line
+                self.first_error_at = len(self.lines) - 1
         else:
             self.errors_in_a_row = 0
-        if self.errors_in_a_row >= BROKEN_AFTER_ERRORS:
+        message = str(line.get("message", ""))
+        if self.exited:
+            self._give_up(f"a {line.get('type')} line after its {EXIT_TYPE} line")
+        elif line.get("type") == EXIT_TYPE:
+            self.exited = True
+        elif any(fatal in message for fatal in FATAL_MESSAGES):
+            self._give_up(f"a fatal error: {message[:LINE_CHARS]}")
+        elif self.errors_in_a_row >= BROKEN_AFTER_ERRORS:
             self._give_up(f"{self.errors_in_a_row} error lines in a row")
         elif len(self.lines) >= MAX_LINES:
             self._give_up(f"more than {MAX_LINES} lines")
 
     def _give_up(self, why: str) -> None:
-        """Known broken: stop it now (its test fails at its next wait)."""
+        """Known broken: kill it now (its test fails at its next wait). SIGKILL, not SIGTERM: a
+        program in a loop it cannot leave may not leave it for SIGTERM either (kubewatch wedged
+        in its runtime's shutdown printed errors for the 10 s until stop()'s SIGKILL)."""
         self.broken = why
         process = self._process
         if process is not None and process.returncode is None:
-            process.send_signal(signal.SIGTERM)
+            process.kill()
 
     async def wait_until(
         self, predicate: Callable[[list[Line]], bool], *, timeout: float = 10.0, what: str
@@ -140,7 +160,9 @@ class ClientProcess:
 
     async def stop(self, timeout: float = 10.0) -> int:
         """End the client (SIGTERM: it exits cleanly) and return its exit code."""
-        process, self._process = self._process, None
+        # ``_process`` stays set while it is waited for: a line that shows it broken meanwhile
+        # (errors printed after its EXIT line) kills it at once instead of after ``timeout``.
+        process = self._process
         if process is not None:
             if process.returncode is None:
                 process.send_signal(signal.SIGTERM)
@@ -150,6 +172,8 @@ class ClientProcess:
                 process.kill()
                 await process.wait()
                 self.returncode = -signal.SIGKILL
+            finally:
+                self._process = None
         reader, self._reader = self._reader, None
         if reader is not None:
             # The pipe closes with the process, so the reader ends on its own.
@@ -175,7 +199,14 @@ class ClientProcess:
                 f"--- stopped as broken: {self.broken} ({self.dropped} later lines not kept)"
             )
         if self.first_error is not None:
-            parts.append(f"--- first error: {json.dumps(self.first_error)[:LINE_CHARS]}")
+            # With the lines before it: what the client was doing (an EXIT line there says the
+            # error came while it was shutting down).
+            before = self.lines[max(0, self.first_error_at - 3) : self.first_error_at]
+            shown_before = "".join(f"{json.dumps(line)[:LINE_CHARS]}\n" for line in before)
+            parts.append(
+                f"--- first error (line {self.first_error_at + 1}), after:\n{shown_before}"
+                f"{json.dumps(self.first_error)[:LINE_CHARS]}"
+            )
         shown = "\n".join(json.dumps(line)[:LINE_CHARS] for line in self.lines[-last:])
         parts.append(f"--- last {last} of {len(self.lines)} lines of {self.name}:\n{shown}")
         parts.append(f"--- stderr of {self.name}:\n{self.stderr_tail()}")

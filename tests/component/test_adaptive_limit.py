@@ -4,15 +4,19 @@ pushes back (429s), and back up once the pushback stops."""
 from __future__ import annotations
 
 import asyncio
+import bisect
+import contextlib
+import time
 from collections import Counter
 from typing import Any
 
 import aiohttp
 
+from bench.fanout import Child
 from bench.gobuild import go_binary
 from kubefake import FakeApiServer
 from tests.component.test_metrics import scrape
-from tests.harness import running_proxy, wait_for
+from tests.harness import running_proxy
 
 CONFIGMAPS = "/api/v1/namespaces/default/configmaps"
 # client-go's REST client retries a 429 up to 10 times. These workers are impatient ones (a
@@ -20,6 +24,8 @@ CONFIGMAPS = "/api/v1/namespaces/default/configmaps"
 # as many times as it takes within the test's bound.
 CLIENT_RETRIES = 100
 RETRY_SECONDS = 0.05
+# The User-Agents of the two programs of one pod in the fairness test.
+CALM, HOT = "calm/1.0", "hot/1.0"
 
 
 def configmap(name: str) -> dict[str, Any]:
@@ -126,52 +132,90 @@ async def test_pushback_costs_the_apiserver_far_fewer_refusals_than_direct_clien
     )
 
 
-async def timed_gets(
-    session: aiohttp.ClientSession, url: str, count: int, user_agent: str
-) -> list[float]:
-    latencies = []
+async def calm_gets(session: aiohttp.ClientSession, url: str, count: int) -> list[float]:
+    """``count`` GETs, one after the other, as the calm program: the time.monotonic() at
+    which each was sent."""
+    sent = []
     for _ in range(count):
-        started = asyncio.get_running_loop().time()
-        async with session.get(url, headers={"User-Agent": user_agent}) as response:
+        sent.append(time.monotonic())
+        async with session.get(url, headers={"User-Agent": CALM}) as response:
             await response.read()
             assert response.status == 200
-        latencies.append(asyncio.get_running_loop().time() - started)
-    return latencies
+    return sent
 
 
-def p99(latencies: list[float]) -> float:
-    return sorted(latencies)[int(len(latencies) * 0.99)]
+def served_ahead(sent: list[float], arrivals: list[list[Any]]) -> list[int]:
+    """For each calm request, how many of the hot loop's requests reached the apiserver after
+    it was sent and before it did (the apiserver's clock is this machine's monotonic clock)."""
+    calm = [at for at, agent in arrivals if agent == CALM]
+    hot = sorted(at for at, agent in arrivals if agent == HOT)
+    assert len(calm) == len(sent), (len(calm), len(sent))
+    return [
+        bisect.bisect_left(hot, arrived) - bisect.bisect_right(hot, sent_at)
+        for sent_at, arrived in zip(sent, calm, strict=True)
+    ]
+
+
+def p99(samples: list[int]) -> int:
+    return sorted(samples)[int(len(samples) * 0.99)]
 
 
 async def test_a_hot_loop_beside_a_calm_client_in_the_same_pod_gets_only_its_share(
     tmp_path: Any,
 ) -> None:
     """Two programs of one pod (same address, their own User-Agents) while the limit binds:
-    eight upstream requests at once, each taking the apiserver 10-30 ms. The hot one keeps 32
-    requests waiting; the calm one's p99 stays within twice what it is alone, because waiting
-    requests are served in turn between the two, not in arrival order."""
-    overrides = {
-        "ratelimit.adaptive_initial_limit": 8,
-        "ratelimit.adaptive_max_limit": 8,
-        "ratelimit.max_wait_seconds": 30,
-    }
-    async with running_proxy(tmp_path, overrides) as running:
-        running.fake.store.create("configmaps", "default", configmap("c"))
-        running.fake.faults.limit_in_flight(1000, service_seconds=0.02, jitter=True)
-        url = running.url + CONFIGMAPS + "/c"
+    eight upstream requests at once, each taking the apiserver 25-75 ms. The hot one keeps 64
+    requests waiting; each request of the calm one waits for at most one round of the eight
+    slots, not behind the hot one's backlog, because waiting requests are served in turn
+    between the two, not in arrival order.
+
+    What is measured is that order, where it shows: for each calm request, how many hot
+    requests reached the apiserver between its sending and its own arrival there. Served in
+    turn, 2 to 4 (p99); in arrival order (flows that ignore the User-Agent), 58. It
+    used to be the calm client's p99 latency against its p99 alone, which on a busy machine
+    measured the machine: the fake apiserver and the proxy shared this process's event loop
+    with the calm client, and wherever they run, a CPU that other work takes stalls a process
+    for 100-500 ms now and then, which a p99 of 200 samples cannot absorb (a ratio of 2.35
+    and 4.0 in runs where the queue order was right). A stalled proxy admits no request, so
+    stalls barely move this count. Every party is its own process, as in a pod: the fake
+    apiserver (bench.fake), watchproxy (bench.proxy), the hot loop (gocontroller)."""
+    fake, proxy = Child("fake", str(tmp_path)), Child("proxy", str(tmp_path))
+    try:
+        upstream = await fake.start(
+            "bench.fake", "--dir", str(tmp_path), "--objects", "1",
+            "--max-in-flight", "1000", "--service-seconds", "0.05", "--jitter",
+        )  # fmt: skip
+        ports = await proxy.start(
+            "bench.proxy", "--kubeconfig", upstream["kubeconfig"],
+            "--set", "ratelimit.adaptive_initial_limit=8",
+            "--set", "ratelimit.adaptive_max_limit=8",
+            "--set", "ratelimit.max_wait_seconds=30",
+        )  # fmt: skip
+        base = f"http://127.0.0.1:{ports['port']}"
+        url = base + CONFIGMAPS + "/bench-0"
         connector = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=connector) as session:
-            alone = await timed_gets(session, url, 200, "calm/1.0")
-            # The hot loop is another process, as another program of the pod would be: one
-            # User-Agent, 32 requests at once, as fast as it is answered.
+            await calm_gets(session, url, 1)  # its connection is open
+            # The hot loop: one User-Agent, 64 requests at once, as fast as it is answered,
+            # for longer than the calm client's requests can take.
             hot = await asyncio.create_subprocess_exec(
-                str(go_binary("gocontroller")), "-url", running.url, "-workers", "32",
-                "-seconds", "30", "-user-agent", "hot/1.0", stdout=asyncio.subprocess.PIPE,
+                str(go_binary("gocontroller")), "-url", base, "-workers", "64",
+                "-seconds", "90", "-user-agent", HOT, stdout=asyncio.subprocess.PIPE,
             )  # fmt: skip
             try:
-                await wait_for(lambda: running.fake.faults.in_flight >= 8, what="hot load")
-                loaded = await timed_gets(session, url, 200, "calm/1.0")
+                await fake.ask("busy 8")
+                await fake.ask("arrivals")  # forgets those so far
+                # About 15 s served in turn; in arrival order, behind the backlog, over 60 s.
+                async with asyncio.timeout(60):
+                    sent = await calm_gets(session, url, 200)
+                arrivals = (await fake.ask("arrivals"))["arrivals"]
+                assert hot.returncode is None, "the hot loop ended before the calm client"
             finally:
-                hot.terminate()
+                with contextlib.suppress(ProcessLookupError):
+                    hot.terminate()
                 await hot.wait()
-    assert p99(loaded) <= 2 * p99(alone), (p99(loaded), p99(alone))
+    finally:
+        await proxy.stop()
+        await fake.stop()
+    ahead = served_ahead(sent, arrivals)
+    assert p99(ahead) <= 8, sorted(ahead)[-20:]

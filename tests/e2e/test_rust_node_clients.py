@@ -20,6 +20,7 @@ import aiohttp
 import pytest
 import yaml
 
+from kubefake import FakeApiServer
 from tests.clients.build_rust_node import (
     NodeClient,
     ToolchainMissing,
@@ -298,3 +299,41 @@ async def test_kubers_lists_in_pages_from_the_hub(kubewatch: Path, tmp_path: Pat
     assert not (problems := check("kube-rs", client.lines, log)), client.report(problems)
     assert init_applies >= 25 and pages == (init_applies + 9) // 10 - 1, (init_applies, pages)
     assert continued == []
+
+
+async def test_kubers_stopped_in_the_middle_of_a_burst_exits_at_once_and_cleanly(
+    kubewatch: Path, tmp_path: Path
+) -> None:
+    """SIGTERM while eight kube-rs watchers print a burst of events: kubewatch exits 0 at once,
+    its EXIT line last and no ERROR line. It used to return from main while a watcher task was
+    still in the middle of a poll, so the runtime's shutdown dropped that watcher's connection
+    ("connection closed before message completed") and kube's Buffer worker under it, and the
+    watcher looped on "buffer's worker closed unexpectedly" without ever waiting: the aborted
+    task never ended and the process never exited (this test failed 3 runs of 3)."""
+    watchers, burst = 8, 300
+    for _round in range(4):
+        async with FakeApiServer(bookmark_interval=0.5) as fake:
+            fake.store.create("pods", "default", pod("busy"))
+            kubeconfig = fake.write_kubeconfig(str(tmp_path / "direct.kubeconfig"))
+            argv = [str(kubewatch), "--backoff", "none", "--watchers", str(watchers)]
+            env = {**os.environ, "KUBECONFIG": kubeconfig}
+            client = ClientProcess("kube-rs", argv, env=env, log_path=tmp_path / "kubers.stderr")
+            await client.start()
+            try:
+                await client.wait_until(
+                    lambda ls: sum(line["type"] == "InitDone" for line in ls) == watchers,
+                    what="every watcher's list",
+                    timeout=20,
+                )
+                await fake.stats.wait_until(lambda s: s.active_watches == watchers, within=10)
+                for i in range(burst):
+                    fake.store.patch_labels("pods", "default", "busy", {"i": str(i)})
+                # Stopped while the burst is being printed.
+                await client.wait_until(
+                    lambda ls: any(line["type"] == "Apply" for line in ls), what="the burst"
+                )
+            finally:
+                code = await client.stop(timeout=5)
+        assert code == 0, client.report()
+        assert not errors(client.lines), client.report()
+        assert client.lines[-1]["type"] == "EXIT", client.report()

@@ -168,7 +168,16 @@ async fn run(args: Args) -> Result<(), String> {
         _ = tokio::signal::ctrl_c() => {}
         () = deadline => {}
     }
+    // Abort, then wait until every watcher task is gone, before returning. `abort_all` only
+    // asks: a task in the middle of a poll (printing a burst of events) runs on until it next
+    // waits. Returning at once dropped the runtime under that task: the runtime's shutdown
+    // dropped its watch connection (hyper: "connection closed before message completed") and
+    // kube's `Buffer` worker, and the watcher, polled again, failed at once with "buffer's worker
+    // closed unexpectedly" in a loop that never waits, so the abort never landed and the runtime
+    // never finished shutting down: hundreds of thousands of ERROR lines until SIGKILL. Joined
+    // here, each task meets its abort at its next wait while its client is still whole.
     tasks.abort_all();
+    while tasks.join_next().await.is_some() {}
     Ok(())
 }
 
