@@ -684,25 +684,28 @@ def test_a_429_above_the_floor_cuts_the_limit_and_holds_nobody_back() -> None:
     assert limiter.retry_after_remaining() == 0.0
 
 
-def test_a_429_at_the_floor_closes_the_gate_for_everyone() -> None:
+def test_a_second_429_in_a_row_at_the_floor_closes_the_gate_for_everyone() -> None:
     time = VirtualTime()
-    adaptive = AdaptiveLimit(AdaptiveSettings(initial=2, minimum=2))
+    adaptive = AdaptiveLimit(AdaptiveSettings(initial=1, minimum=1))
     limiter = limiter_with(time, adaptive=adaptive)
     limiter.record(Outcome.THROTTLED, retry_after=5.0)
-    assert limiter.concurrency_limit == 2
+    assert limiter.retry_after_remaining() == 0.0  # one request at a time may still pass
+    limiter.record(Outcome.OK, kind="get", latency=0.001)
+    limiter.record(Outcome.THROTTLED, retry_after=5.0)
+    assert limiter.retry_after_remaining() == 0.0  # refusals between successes: no gate
+    limiter.record(Outcome.THROTTLED, retry_after=5.0)
+    assert limiter.concurrency_limit == 1
     assert limiter.retry_after_remaining() == 5.0
 
 
-def test_a_second_429_in_a_row_closes_the_gate_above_the_floor() -> None:
+def test_refusals_in_a_row_above_the_floor_only_cut_the_limit() -> None:
     time = VirtualTime()
     limiter = limiter_with(time, adaptive=AdaptiveLimit(AdaptiveSettings(initial=64)))
-    limiter.record(Outcome.THROTTLED, retry_after=1.0)
-    limiter.record(Outcome.OK, kind="get", latency=0.001)
-    limiter.record(Outcome.THROTTLED, retry_after=1.0)
-    assert limiter.retry_after_remaining() == 0.0  # each refusal came between successes
-    limiter.record(Outcome.THROTTLED, retry_after=1.0)
-    assert limiter.retry_after_remaining() == 1.0
-    assert limiter.concurrency_limit > 2
+    for _ in range(3):
+        limiter.record(Outcome.THROTTLED, retry_after=1.0)
+        time.now += 1.0  # past each cool-down
+    assert limiter.retry_after_remaining() == 0.0
+    assert limiter.concurrency_limit == 8
 
 
 def test_a_fixed_cap_below_the_adaptive_limit_wins() -> None:

@@ -60,7 +60,7 @@ class RateLimitConfig:
     max_concurrent: int = 0
     adaptive: bool = True
     adaptive_initial_limit: int = 64
-    adaptive_min_limit: int = 2
+    adaptive_min_limit: int = 1
     adaptive_max_limit: int = 1000
     max_wait_seconds: float = 5.0
     per_client_qps: float = 0.0

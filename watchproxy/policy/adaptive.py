@@ -68,7 +68,7 @@ class AdaptiveSettings:
     """
 
     initial: int = 64
-    minimum: int = 2
+    minimum: int = 1
     maximum: int = 1000
     # Multiplicative decrease per distress signal.
     throttled_factor: float = 0.5

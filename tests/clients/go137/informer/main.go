@@ -106,6 +106,11 @@ func runInformer(ctx context.Context, client kubernetes.Interface, namespace str
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(namespace))
 	informer := factory.Core().V1().Pods().Informer()
 	err := informer.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
+		if ctx.Err() != nil && errors.Is(err, context.Canceled) {
+			// Stopped by the test: the reflector reports the watch it was in the middle of
+			// opening as failed with the informer's own cancellation. Not the proxy's doing.
+			return
+		}
 		l := line{Type: "WATCH_ERROR", Error: err.Error()}
 		var status apierrors.APIStatus
 		if errors.As(err, &status) {
