@@ -29,28 +29,46 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Protocol
 
 from watchproxy.hub.fetcher import REPLAY_FAILED, UNAVAILABLE
 from watchproxy.hub.sharedwatch import SharedWatch
+from watchproxy.hub.watchcache import WatchCache
 
 log = logging.getLogger("watchproxy.hub")
 
 # How long a state may take to reach the last change a replay showed (it is in flight).
 REPLAYED_CHANGE_WAIT = 3.0
 # A state that has not moved for this many waits is quiet: its next move is not expected soon
-# (the rule consistent LISTs follow; kept here rather than imported so
-# that the hub depends on no LIST-serving module).
+# (consistent LISTs, in lists/fresh.py, follow the same rule through these functions).
 QUIET_AFTER_WAITS = 4
 
 
-def _busy(shared: SharedWatch, wait: float, now: float) -> bool:
+class Moving(Protocol):
+    """A shared watch's state as these checks read it (``SharedWatch`` fits, and so does the
+    watch a LIST reads)."""
+
+    @property
+    def advanced_at(self) -> float | None: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    @property
+    def cache(self) -> WatchCache: ...
+
+    async def wait_change(self, timeout: float) -> None: ...
+
+
+def looks_busy(shared: Moving, wait: float, now: float) -> bool:
+    """Whether the state moved recently enough that waiting for it may pay."""
     moved = shared.advanced_at
     return moved is not None and now - moved <= wait * QUIET_AFTER_WAITS
 
 
-async def caught_up(shared: SharedWatch, rv: int, wait: float, clock: Callable[[], float]) -> bool:
+async def caught_up(shared: Moving, rv: int, wait: float, clock: Callable[[], float]) -> bool:
     """Whether ``shared``'s state is at ``rv`` or later within ``wait`` seconds (False if the
-    shared watch ends first)."""
+    shared watch ends first). True means: answer from it now, before the next await."""
     deadline = clock() + wait
     while True:
         state_rv = shared.cache.resource_version
@@ -81,7 +99,7 @@ async def is_current(shared: SharedWatch, wait: float, clock: Callable[[], float
     if current == UNAVAILABLE:
         return True  # the apiserver cannot answer now: the state is the best there is
     # A state that moves is waited for; a quiet one would wait for nothing.
-    busy = wait > 0 and _busy(shared, wait, clock())
+    busy = wait > 0 and looks_busy(shared, wait, clock())
     if await caught_up(shared, current, wait if busy else 0.0, clock):
         return True
     since = shared.cache.resource_version_str

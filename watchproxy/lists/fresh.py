@@ -19,17 +19,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from watchproxy.hub.freshwatch import caught_up, looks_busy
 from watchproxy.lists.cover import Cover
-from watchproxy.lists.ports import ListedWatch
 
-# A state that has not moved for this many waits is quiet: its next move is not expected soon.
-QUIET_AFTER_WAITS = 4
-
-
-def looks_busy(shared: ListedWatch, wait: float, now: float) -> bool:
-    """Whether the watch's state moved recently enough that waiting for it may pay."""
-    moved = shared.advanced_at
-    return moved is not None and now - moved <= wait * QUIET_AFTER_WAITS
+__all__ = ["looks_busy", "wait_current"]
 
 
 async def wait_current(
@@ -37,13 +30,4 @@ async def wait_current(
 ) -> bool:
     """Whether the state reflects ``current_rv`` within ``wait`` seconds (False if the shared
     watch ends first). True means: answer from it now, before the next await."""
-    shared = cover.shared
-    deadline = clock() + wait
-    while True:
-        rv = shared.cache.resource_version
-        if rv is not None and rv >= current_rv and not shared.closed:
-            return True
-        remaining = deadline - clock()
-        if remaining <= 0 or shared.closed:
-            return False
-        await shared.wait_change(remaining)
+    return await caught_up(cover.shared, current_rv, wait, clock)
