@@ -57,7 +57,10 @@ async def lagging_write(running: Running, name: str, lag: float) -> None:
     shared = next(iter(running.proxy.hub.watches.values()))  # type: ignore[union-attr]
     store = running.fake.store
     await wait_for(lambda: shared.cache.resource_version == store.resource_version, what="sync")
-    assert running.fake.faults.lag_open_watches(lag) == 1
+    # Synced from its LIST, the shared watch may still be opening its WATCH: lag it once open.
+    await wait_for(
+        lambda: running.fake.faults.lag_open_watches(lag) == 1, what="the upstream watch open"
+    )
     store.create("pods", "default", pod(name))
 
 
@@ -148,6 +151,8 @@ async def test_a_watch_from_now_is_served_from_the_state_while_the_apiserver_is_
         shared = next(iter(running.proxy.hub.watches.values()))  # type: ignore[union-attr]
         store = running.fake.store
         await wait_for(lambda: shared.cache.resource_version == store.resource_version, what="sync")
+        # The outage must cut an open upstream watch, not race the WATCH that follows the LIST.
+        await wait_for(lambda: running.fake.stats.active_watches >= 1, what="the upstream watch")
         await running.fake.faults.outage("refuse")
         await wait_for(lambda: running.proxy.connectivity.down, what="the outage to be seen")
         assert await first_added(running, session, FROM_NOW["watch-list"], 1) == ["early-0"]

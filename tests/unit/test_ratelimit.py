@@ -684,28 +684,33 @@ def test_a_429_above_the_floor_cuts_the_limit_and_holds_nobody_back() -> None:
     assert limiter.retry_after_remaining() == 0.0
 
 
-def test_a_second_429_in_a_row_at_the_floor_closes_the_gate_for_everyone() -> None:
+def test_a_second_429_in_a_row_with_nothing_in_flight_closes_the_gate() -> None:
     time = VirtualTime()
-    adaptive = AdaptiveLimit(AdaptiveSettings(initial=1, minimum=1))
-    limiter = limiter_with(time, adaptive=adaptive)
+    limiter = limiter_with(time, adaptive=AdaptiveLimit(AdaptiveSettings(initial=64)))
     limiter.record(Outcome.THROTTLED, retry_after=5.0)
-    assert limiter.retry_after_remaining() == 0.0  # one request at a time may still pass
+    assert limiter.retry_after_remaining() == 0.0  # one refusal: the cut answers it
     limiter.record(Outcome.OK, kind="get", latency=0.001)
     limiter.record(Outcome.THROTTLED, retry_after=5.0)
     assert limiter.retry_after_remaining() == 0.0  # refusals between successes: no gate
     limiter.record(Outcome.THROTTLED, retry_after=5.0)
-    assert limiter.concurrency_limit == 1
-    assert limiter.retry_after_remaining() == 5.0
+    assert limiter.retry_after_remaining() == 5.0  # one after another, all refused
+    assert limiter.concurrency_limit > 1
 
 
-def test_refusals_in_a_row_above_the_floor_only_cut_the_limit() -> None:
+async def test_refusals_of_requests_in_flight_together_only_cut_the_limit() -> None:
     time = VirtualTime()
-    limiter = limiter_with(time, adaptive=AdaptiveLimit(AdaptiveSettings(initial=64)))
-    for _ in range(3):
-        limiter.record(Outcome.THROTTLED, retry_after=1.0)
-        time.now += 1.0  # past each cool-down
+    limiter = limiter_with(time, adaptive=AdaptiveLimit(AdaptiveSettings(initial=4)))
+    # Three requests in flight together; two come back refused while the third is still out.
+    held = [limiter.admit_now() for _ in range(3)]
+    assert all(held)
+    for _ in range(2):
+        limiter.release()
+        limiter.record(Outcome.THROTTLED, retry_after=5.0)
     assert limiter.retry_after_remaining() == 0.0
-    assert limiter.concurrency_limit == 8
+    assert limiter.concurrency_limit < 4
+    limiter.release()
+    limiter.record(Outcome.THROTTLED, retry_after=5.0)  # nothing left in flight: a third
+    assert limiter.retry_after_remaining() == 5.0
 
 
 def test_a_fixed_cap_below_the_adaptive_limit_wins() -> None:

@@ -202,15 +202,15 @@ class UpstreamLimiter:
         :meth:`AdaptiveLimit.record`); True when the limit moved.
 
         A ``retry_after`` (a 429's) closes the gate for every request only where cutting the
-        limit is no answer: without an adaptive limit, or when the limit stands at its floor
-        and this is the second refusal in a row (no request succeeded in between: the apiserver
-        refuses even the fewest requests the proxy can send, as a priority level whose seats
-        are all held by others does). Any other refusal is answered by the cut, and the refused
-        client itself still gets the 429 and its Retry-After. Closing the gate sooner stalls
-        every client of the pod for the Retry-After: measured against a priority level of one
-        seat that rejects (``bench.controller --pushback``, 32 workers), closing it on every
-        refusal at the floor, or on any two in a row, left the apiserver idle and the clients at
-        1-7 requests a second where they got 87-156 direct.
+        limit is no answer: without an adaptive limit, or when the apiserver refused more
+        requests in a row (no success in between) than were in flight beside the first, so that
+        a request sent after a refusal was refused too: it refuses everything, as a priority
+        level whose seats are all held by others does. Any other refusal is answered by the cut,
+        and the refused client itself still gets the 429 and its Retry-After. Closing the gate
+        sooner stalls every client of the pod for the Retry-After: measured against a priority
+        level of one seat that rejects (``bench.controller --pushback``, 32 workers), closing it
+        on any refusal at a floor of 2, or on any two in a row, left the apiserver idle and the
+        clients at 1-7 requests a second where they got 87-156 direct.
         """
         if outcome is Outcome.OK:
             self._refused_in_row = 0
@@ -220,11 +220,9 @@ class UpstreamLimiter:
             if retry_after is not None:
                 self.note_retry_after(retry_after)
             return False
-        if (
-            retry_after is not None
-            and self.adaptive.limit <= self.adaptive.settings.minimum
-            and self._refused_in_row >= 2
-        ):
+        if retry_after is not None and self._refused_in_row >= 2 + self._busy:
+            # More refusals in a row than requests still in flight: even one sent after a
+            # refusal was refused. (Answers already on their way under the old limit are not.)
             self.note_retry_after(retry_after)
         limit = self.concurrency_limit
         # Binding: every slot taken (this request's own, if still held, counts) or requests
