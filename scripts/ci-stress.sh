@@ -96,7 +96,6 @@ for run in $(seq 1 "$runs"); do
             GOPATH="$cache/go" \
             CARGO_HOME="$cache/cargo" \
             CARGO_TARGET_DIR="$cache/cargo-target" \
-            WATCHPROXY_CARGO_TARGET_DIR="$cache/cargo-target" \
             PIP_CACHE_DIR="$cache/pip" \
             npm_config_cache="$cache/npm" \
             XDG_CACHE_HOME="$cache/xdg" \

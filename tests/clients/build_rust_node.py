@@ -1,7 +1,7 @@
 """Build the kube-rs and client-node test programs, skipping what is already up to date.
 
 - ``kubewatch`` (``tests/clients/rust``): ``cargo build --locked`` into a target dir outside
-  the checkout, ``$WATCHPROXY_CARGO_TARGET_DIR`` or ``~/.cache/watchproxy/cargo-target``, so
+  the checkout, ``$CARGO_TARGET_DIR`` or ``~/.cache/watchproxy/cargo-target``, so
   that a fresh clone on the same machine (CI clones afresh every run) reuses the compiled
   dependencies; the binary is then copied to the gitignored ``tests/clients/rust/bin``. A cold
   build compiles kube-rs and k8s-openapi: minutes on two cores, so ``scripts/test.sh`` runs
@@ -77,7 +77,9 @@ def _older_than(output: Path, sources: list[Path]) -> bool:
 
 
 def cargo_target_dir() -> Path:
-    configured = os.environ.get("WATCHPROXY_CARGO_TARGET_DIR")
+    # cargo's own variable: a WATCHPROXY_* one would reach every watchproxy the tests start,
+    # and watchproxy refuses environment variables that name no setting (exit 2).
+    configured = os.environ.get("CARGO_TARGET_DIR")
     if configured:
         return Path(configured)
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
