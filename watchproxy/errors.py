@@ -45,10 +45,14 @@ class ProxyError(Exception):
         self.message = message
         self.retry_after = retry_after
 
+    def retry_after_seconds(self) -> int | None:
+        """``retry_after`` as an answer states it: whole seconds, at least 1 (None: none)."""
+        return None if self.retry_after is None else max(1, round(self.retry_after))
+
     def status(self) -> dict[str, Any]:
         details: dict[str, Any] = {}
         if self.retry_after is not None:
-            details["retryAfterSeconds"] = max(1, round(self.retry_after))
+            details["retryAfterSeconds"] = self.retry_after_seconds()
         return status_object(self.code, self.reason, self.message, **details)
 
 

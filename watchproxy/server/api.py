@@ -100,8 +100,9 @@ def status_response(error: ProxyError) -> web.Response:
     response = web.Response(
         status=error.code, body=json.dumps(error.status()).encode(), content_type="application/json"
     )
-    if error.retry_after is not None:
-        response.headers["Retry-After"] = str(max(1, round(error.retry_after)))
+    seconds = error.retry_after_seconds()
+    if seconds is not None:
+        response.headers["Retry-After"] = str(seconds)
     return response
 
 

@@ -8,8 +8,8 @@ request at a time, who serves it:
   plain request whose route the fast lane admits (``server.fastlane``) is served there once its
   body is in: mode ``fast``, until the answer is written; bytes a pipelining client sends
   meanwhile wait in the buffer, in order.
-- ``one``: a plain request the fast lane does not serve (a watch, a LIST the hub may answer, a
-  refusal) goes to aiohttp's protocol: exactly its head and its declared body, so aiohttp's
+- ``one``: a plain request the fast lane does not serve (a watch, a stream, an upgrade route,
+  a refusal) goes to aiohttp's protocol: exactly its head and its declared body, so aiohttp's
   parser ends the message clean. When the API handler finishes it, the connection sniffs again;
   the client sends its next request only after reading this answer, which aiohttp writes after
   the handler returns, so the two never interleave.

@@ -1,4 +1,4 @@
-"""The fast lane: plain one-shot pass-through requests, served without aiohttp's server.
+"""The fast lane: plain one-shot pass-throughs and LISTs, served without aiohttp's server.
 
 A busy controller sends GET, PATCH, POST, PUT and DELETE of single objects in a tight loop,
 and through aiohttp's server each paid for a request object, a handler task, a response object,
@@ -6,13 +6,14 @@ a router lookup and a writer: more than the proxy's own work on the request, and
 machine the difference between a sidecar that keeps up with ``kubectl proxy`` and one that
 does not. The connection (``server.connection``) parses such a request's head itself
 (``server.requesthead``), asks :meth:`FastLane.admit` whether the request's route is a plain
-pass-through, and if so runs :meth:`FastLane.serve`, which sends it upstream through the same
+pass-through or a LIST, and if so runs :meth:`FastLane.serve`. A LIST is offered to the same
+LIST services the aiohttp path offers it to (the hub's cache, a current shared watch, a batch),
+in the same order; a pass-through goes upstream through the same
 :class:`~watchproxy.server.passthrough.Forwarder` (credentials, fair queueing, the adaptive
-limit, the pooled connections) and writes the answer to the socket itself: head and body in
-one write when the whole answer came at once. Everything else (watches, LISTs the hub or the
-batcher may answer, upgrades, refusals, anything unusual on the wire) goes to aiohttp's server
-as before, so the fast lane adds no rule of its own: it is the same route, served with fewer
-objects.
+limit, the pooled connections). The answer is written to the socket here: head and body in one
+write when the whole answer came at once. Everything else (watches, streams, upgrades,
+refusals, anything unusual on the wire) goes to aiohttp's server as before, so the fast lane
+adds no rule of its own: it is the same route, served with fewer objects.
 """
 
 from __future__ import annotations
@@ -105,8 +106,9 @@ def error_reply(error: ProxyError, *, close: bool) -> bytes:
     """A refusal as the aiohttp path answers it: a Status body with its HTTP code."""
     body = status_bytes(error.code, error.reason, error.message)
     headers: CIMultiDict[str] = CIMultiDict({"Content-Type": "application/json"})
-    if error.retry_after is not None:
-        headers["Retry-After"] = str(max(1, round(error.retry_after)))
+    seconds = error.retry_after_seconds()
+    if seconds is not None:
+        headers["Retry-After"] = str(seconds)
     phrase = HTTPStatus(error.code).phrase
     head = response_head(error.code, phrase, headers, length=len(body), close=close)
     return head + body
@@ -161,7 +163,7 @@ class FastLane:
             if route.verb == "list":
                 self.handler.check_client_limit(client.remote, route.verb)
                 for kind in route.kinds[:-1]:  # the LIST services, before the pass-through
-                    listed = await self._list(kind, route, _Listing(head), key)
+                    listed = await self._list(kind, route, head, key)
                     if listed is not None:
                         self._write_response(listed, client)
                         sent.status = listed.status
@@ -206,12 +208,11 @@ class FastLane:
                 )
                 + whole
             )
-            sent.status = status
             return
         await self._relay(head, upstream, client, sent)
 
     async def _list(
-        self, kind: RouteKind, route: Route, listing: _Listing, key: tuple[str, str, str]
+        self, kind: RouteKind, route: Route, listing: RequestHead, key: tuple[str, str, str]
     ) -> web.Response | None:
         """One LIST service's answer, or None to let the route's next kind answer."""
         handler = self.handler
@@ -272,16 +273,6 @@ class FastLane:
                 upstream.cut()
         if chunked:
             client.write(_LAST_CHUNK)
-
-
-class _Listing:
-    """A parsed head as LIST serving reads a request (``lists.ports.ListRequest``)."""
-
-    __slots__ = ("headers", "raw_path")
-
-    def __init__(self, head: RequestHead) -> None:
-        self.raw_path = head.target
-        self.headers = head.headers
 
 
 class _Sent:

@@ -8,16 +8,15 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 from aiohttp import web
-from multidict import CIMultiDict, CIMultiDictProxy
+from multidict import CIMultiDict
 
 from watchproxy.errors import BadRequest, PayloadTooLarge, UpstreamTimeout, UpstreamUnavailable
 from watchproxy.kube.headers import forwarded_credential, request_headers, response_headers
 from watchproxy.server.clientgone import started
+from watchproxy.server.routes import Headers
 from watchproxy.upstream.client import StreamedBody, Upstream, UpstreamResponse
 
 log = logging.getLogger("watchproxy.passthrough")
-
-Headers = CIMultiDictProxy[str] | CIMultiDict[str]
 
 
 # A body up to this size is read whole before the request goes upstream (one write, and a 401

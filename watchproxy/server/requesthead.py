@@ -52,6 +52,11 @@ class RequestHead(NamedTuple):
     head_length: int  # bytes up to and including the blank line
     body_length: int  # the declared Content-Length; 0 without one
 
+    @property
+    def raw_path(self) -> str:
+        """The target, named as LIST serving reads it (``lists.ports.ListRequest``)."""
+        return self.target
+
 
 def parse_request_head(buffer: bytes | bytearray) -> RequestHead | None:
     """The head at the start of ``buffer``; None while its blank line has not arrived.

@@ -62,40 +62,26 @@ CLOSE_WAIT_SECONDS = 2.0
 RETRY_AFTER = 1.0
 
 
-class _Exchange:
-    """One request's way out, once it is admitted."""
-
-    __slots__ = ("body", "headers", "method", "path_qs", "read_timeout", "transports")
-
-    def __init__(
-        self,
-        transports: Transports,
-        method: str,
-        path_qs: str,
-        headers: CIMultiDict[str],
-        body: bytes | StreamedBody | None,
-        read_timeout: float | None,
-    ) -> None:
-        self.transports = transports
-        self.method = method
-        self.path_qs = path_qs
-        self.headers = headers
-        self.body = body
-        self.read_timeout = read_timeout
-
-    async def run(self, streaming: bool, deadline: float | None) -> UpstreamResponse:
-        """The answer's head, within ``deadline`` seconds (TimeoutError otherwise)."""
-        if not streaming:
-            return await self.transports.send(
-                self.method, self.path_qs, self.headers, self.body, self.read_timeout, deadline
-            )
-        stream = self.transports.stream(
-            self.method, self.path_qs, self.headers, self.body, self.read_timeout
-        )
-        if deadline is None:
-            return await stream
-        async with asyncio.timeout(deadline):
-            return await stream
+async def _exchange(
+    transports: Transports,
+    method: str,
+    path_qs: str,
+    headers: CIMultiDict[str],
+    body: bytes | StreamedBody | None,
+    read_timeout: float | None,
+    *,
+    streaming: bool,
+    deadline: float | None,
+) -> UpstreamResponse:
+    """One admitted request's answer head, within ``deadline`` seconds (TimeoutError
+    otherwise): a one-shot request on the pool, whose own timer bounds it, or a stream."""
+    if not streaming:
+        return await transports.send(method, path_qs, headers, body, read_timeout, deadline)
+    stream = transports.stream(method, path_qs, headers, body, read_timeout)
+    if deadline is None:
+        return await stream
+    async with asyncio.timeout(deadline):
+        return await stream
 
 
 class Upstream:
@@ -237,12 +223,14 @@ class Upstream:
             if forwarded_auth is None and self.target.exec_source is not None:
                 await self.target.refresh()  # an exec plugin's credential, when it is due
             send_headers = self._with_credential(headers, forwarded_auth)
-            exchange = _Exchange(transports, method, path_qs, send_headers, body, read_timeout)
             try:
                 if self.limiter.admit_now():  # nothing to wait for: no context manager either
                     try:
                         sent = self._clock()
-                        response = await exchange.run(streaming, deadline)
+                        response = await _exchange(
+                            transports, method, path_qs, send_headers, body, read_timeout,
+                            streaming=streaming, deadline=deadline,
+                        )  # fmt: skip
                     finally:
                         self.limiter.release()
                 else:
@@ -252,7 +240,10 @@ class Upstream:
                         if waited:
                             self.metrics.ratelimit_wait.inc(waited)
                         sent = self._clock()
-                        response = await exchange.run(streaming, deadline)
+                        response = await _exchange(
+                            transports, method, path_qs, send_headers, body, read_timeout,
+                            streaming=streaming, deadline=deadline,
+                        )  # fmt: skip
             except UpstreamDown:
                 raise self._unavailable() from None
             except TooManyRequests:
