@@ -235,10 +235,14 @@ def verdict(cells: list[Cell]) -> str:
         f"({'within' if ratio <= 1.2 else 'over'} the 1.2x of issue 28)"
     ]
     if high in plain and high in gzip:
-        lines.append(
-            f"whole proxy CPU per event at {high} watchers, gzip / identity: "
+        # A short run can take less CPU than the process clock's tick (10 ms): then there is no
+        # ratio to give, only that the figure is below what the clock can show.
+        ratio_text = (
             f"{gzip[high].us_per_event / plain[high].us_per_event:.2f}x"
+            if plain[high].us_per_event > 0
+            else "n/a (identity below the CPU clock's resolution; run more --events)"
         )
+        lines.append(f"whole proxy CPU per event at {high} watchers, gzip / identity: {ratio_text}")
     return "\n".join(lines)
 
 
