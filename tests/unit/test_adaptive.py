@@ -33,14 +33,32 @@ def test_growth_while_binding_is_about_one_per_limit_answers() -> None:
 
 
 def test_one_burst_of_429s_costs_one_cut() -> None:
-    limit = AdaptiveLimit(AdaptiveSettings(initial=64, cooldown_seconds=0.25))
+    """Fifty requests sent together under one limit and refused one after the other: the
+    first refusal cuts; the rest were sent before that cut and say nothing about its limit."""
+    limit = AdaptiveLimit(AdaptiveSettings(initial=64))
     for i in range(50):
-        limit.record(10.0 + i * 0.001, Outcome.THROTTLED)
+        limit.record(10.0 + i * 0.001, Outcome.THROTTLED, sent=9.99)
     assert limit.limit == 32
     assert limit.reason is LimitReason.THROTTLED
     assert limit.cuts[LimitReason.THROTTLED] == 1
-    limit.record(10.3, Outcome.THROTTLED)
+    # A request sent after the cut, under the new limit, and refused: that is news.
+    limit.record(10.2, Outcome.THROTTLED, sent=10.0)
     assert limit.limit == 16
+
+
+def test_a_slow_answer_sent_before_a_cut_does_not_cut_again() -> None:
+    limit = AdaptiveLimit(AdaptiveSettings(initial=50))
+    now = 0.0
+    for _ in range(200):
+        now += 0.001
+        limit.record(now, Outcome.OK, kind="get", latency=0.002)
+    limit.record(now, Outcome.THROTTLED)
+    cut_at, after_cut = now, limit.limit
+    for _ in range(50):
+        now += 0.001
+        limit.record(now, Outcome.OK, kind="get", latency=0.5, binding=True, sent=cut_at - 0.001)
+    assert limit.cuts[LimitReason.LATENCY] == 0
+    assert limit.limit >= after_cut
 
 
 @pytest.mark.parametrize(
@@ -68,20 +86,20 @@ def test_the_limit_never_leaves_its_bounds() -> None:
 
 
 def test_a_latency_step_while_binding_cuts_a_little_then_is_the_new_normal() -> None:
-    limit = AdaptiveLimit(AdaptiveSettings(initial=50, cooldown_seconds=0.01))
+    limit = AdaptiveLimit(AdaptiveSettings(initial=50))
     now = 0.0
     for _ in range(200):
         now += 0.001
-        limit.record(now, Outcome.OK, kind="get", latency=0.002)
+        limit.record(now, Outcome.OK, kind="get", latency=0.002, sent=now - 0.002)
     for _ in range(200):
         now += 0.001
-        limit.record(now, Outcome.OK, kind="get", latency=0.02, binding=True)
+        limit.record(now, Outcome.OK, kind="get", latency=0.02, binding=True, sent=now - 0.02)
     cuts = limit.cuts[LimitReason.LATENCY]
     assert 1 <= cuts <= 3, cuts
     assert limit.reason in (LimitReason.LATENCY, LimitReason.GROWTH)
     for _ in range(2000):
         now += 0.001
-        limit.record(now, Outcome.OK, kind="get", latency=0.02, binding=True)
+        limit.record(now, Outcome.OK, kind="get", latency=0.02, binding=True, sent=now - 0.02)
     assert limit.cuts[LimitReason.LATENCY] == cuts
 
 

@@ -10,7 +10,15 @@ concurrency limit, in the manner of TCP congestion control and adaptive concurre
   ``limit`` answers, about one per round trip (additive increase), but stops one short of the
   limit the last refusal came at until ``probe_hold_seconds`` have passed;
 - a 429, a 5xx that means overload, a timeout or a broken connection cuts it (multiplicative
-  decrease), at most once per cool-down so that one burst of refusals costs one cut, not fifty;
+  decrease), once per generation: an answer to a request sent before the last cut says nothing
+  about the limit that cut set, so one burst of refusals costs one cut, not fifty, while a
+  refusal of a request sent under the new limit cuts again at once. (A time-based cool-down
+  got this wrong both ways: on a loop slowed by its own start the cool-down outlasted the
+  first burst, and refusals under the new limit went unanswered while the limit grew.)
+  The cut is of the limit, not of the requests in flight when the signal came, as TCP cuts
+  its flight size: measured against a priority level of a few seats that rejects
+  (``bench.controller --pushback``, 32 workers), cutting the flight size held the limit lower
+  and cost a fifth of the throughput for no fewer refusals;
 - latency: per kind of request, a fast-moving average compared with a slow one; when the fast
   one runs at more than ``latency_tolerance`` times the slow one while the limit binds, the
   limit is cut gently. Comparing an average with its own history (a gradient) rather than
@@ -74,10 +82,6 @@ class AdaptiveSettings:
     throttled_factor: float = 0.5
     overloaded_factor: float = 0.7
     latency_factor: float = 0.9
-    # After a cut, further distress within this many seconds (or two fast averages of the
-    # latency, whichever is longer) does not cut again: the answers already on the way were
-    # sent under the old limit.
-    cooldown_seconds: float = 0.02
     # After a cut for refusals or overload, the limit it was cut from is a ceiling: growth stops
     # one short of it for this long, then probes past it again (the apiserver may have
     # recovered). Without it every climb back ends in one more refusal, one per sawtooth.
@@ -127,8 +131,8 @@ class AdaptiveLimit:
 
     Guarantees: ``minimum <= limit <= maximum`` always; it grows only on healthy answers that
     came while the limit was binding, by at most one per ``limit`` such answers; every distress
-    signal outside a cool-down cuts it by its factor (never below the minimum); a signal inside
-    the cool-down of the previous cut changes nothing.
+    signal about a request sent at or after the last cut cuts it by its factor (never below the
+    minimum); a signal about a request sent before it changes nothing.
     """
 
     def __init__(self, settings: AdaptiveSettings | None = None) -> None:
@@ -139,7 +143,7 @@ class AdaptiveLimit:
         self.reason = LimitReason.INITIAL
         self.cuts: dict[LimitReason, int] = {reason: 0 for reason in _CUT_REASON.values()}
         self.cuts[LimitReason.LATENCY] = 0
-        self._quiet_until = -math.inf
+        self._last_cut = -math.inf
         self._ceiling = math.inf
         self._ceiling_until = -math.inf
         self._latency: dict[str, _Latency] = {}
@@ -157,16 +161,21 @@ class AdaptiveLimit:
         kind: str = "",
         latency: float | None = None,
         binding: bool = False,
+        sent: float | None = None,
     ) -> bool:
         """Account for one answer. ``kind`` groups comparable requests (a verb) for the
         latency gradient; ``latency`` is None for answers whose time says nothing (streams);
-        ``binding`` tells whether requests were waiting for the limit when this one ended.
-        Returns True when :attr:`limit` changed."""
+        ``binding`` tells whether requests were waiting for the limit when this one ended;
+        ``sent`` is when the request went out, on ``now``'s clock (None: just now). Returns
+        True when :attr:`limit` changed."""
         before = self.limit
+        current = (now if sent is None else sent) >= self._last_cut
         if outcome is not Outcome.OK:
-            self._cut(now, _CUT_REASON[outcome])
+            if current:
+                self._cut(now, _CUT_REASON[outcome])
         elif latency is not None and self._latency_says_distress(kind, latency) and binding:
-            self._cut(now, LimitReason.LATENCY)
+            if current:
+                self._cut(now, LimitReason.LATENCY)
         elif binding and self._limit < self.settings.maximum and not self._held(now):
             self._credit += 1
             if self._credit >= self._limit:
@@ -188,8 +197,6 @@ class AdaptiveLimit:
         return stats.samples >= s.warmup_samples and stats.fast > s.latency_tolerance * stats.slow
 
     def _cut(self, now: float, reason: LimitReason) -> None:
-        if now < self._quiet_until:
-            return
         s = self.settings
         factor = {
             LimitReason.THROTTLED: s.throttled_factor,
@@ -202,8 +209,7 @@ class AdaptiveLimit:
         self._credit = 0
         self.reason = reason
         self.cuts[reason] += 1
-        fast = max((stats.fast for stats in self._latency.values()), default=0.0)
-        self._quiet_until = now + max(s.cooldown_seconds, 2 * fast)
+        self._last_cut = now
         if reason is LimitReason.LATENCY:
             # The slow averages move to where latency is now: a new level is the new normal
             # once cut for, and only a further rise cuts again.

@@ -89,7 +89,7 @@ class UpstreamLimiter:
             raise ValueError(f"max_concurrent must be >= 0, got {max_concurrent!r}")
         if max_wait is not None and not max_wait >= 0:
             raise ValueError(f"max_wait must be >= 0 or None, got {max_wait!r}")
-        self._clock = clock
+        self.clock = clock
         self._sleep = sleep
         self._bucket = TokenBucket(qps, burst, clock())
         self._gate = RetryAfterGate()
@@ -115,11 +115,11 @@ class UpstreamLimiter:
         if math.isnan(seconds):
             return
         self.retry_after_total += 1
-        self._gate.block_until(self._clock() + min(MAX_RETRY_AFTER, max(0.0, seconds)))
+        self._gate.block_until(self.clock() + min(MAX_RETRY_AFTER, max(0.0, seconds)))
 
     def retry_after_remaining(self) -> float:
         """Seconds until the Retry-After gate opens (0.0 if open)."""
-        return self._gate.wait_time(self._clock())
+        return self._gate.wait_time(self.clock())
 
     @property
     def waiting_flows(self) -> int:
@@ -138,7 +138,7 @@ class UpstreamLimiter:
         not scheduled is no wait of the limiter's).
         """
         budget = self.default_max_wait if isinstance(max_wait, _Default) else max_wait
-        started = self._clock()
+        started = self.clock()
         waited = await self._wait_for_gate(started, budget)
         waited = await self._admit(current_flow(), started, budget) or waited
         try:
@@ -148,7 +148,7 @@ class UpstreamLimiter:
             self._release()
             raise
 
-        wait_seconds = max(0.0, self._clock() - started) if waited else 0.0
+        wait_seconds = max(0.0, self.clock() - started) if waited else 0.0
         if waited:
             self.throttled_total += 1
             self.waited_seconds_total += wait_seconds
@@ -164,7 +164,7 @@ class UpstreamLimiter:
         concurrency slot free, nobody of this flow waiting), taken at once without a context
         manager: the common case, for every request of a healthy apiserver. True: the caller
         holds the slot and calls :meth:`release` when its block ends; False: use :meth:`slot`."""
-        now = self._clock()
+        now = self.clock()
         if self._gate.wait_time(now) > 0:
             return False
         key = current_flow()
@@ -197,9 +197,11 @@ class UpstreamLimiter:
         kind: str = "",
         latency: float | None = None,
         retry_after: float | None = None,
+        sent: float | None = None,
     ) -> bool:
         """Tell the adaptive limit how one upstream request ended (see
-        :meth:`AdaptiveLimit.record`); True when the limit moved.
+        :meth:`AdaptiveLimit.record`), after its slot was given back; ``sent`` is when it went
+        out, on :attr:`clock`. True when the limit moved.
 
         A ``retry_after`` (a 429's) closes the gate for every request only where cutting the
         limit is no answer: without an adaptive limit, or when the apiserver refused more
@@ -229,7 +231,12 @@ class UpstreamLimiter:
         # queue for one. Growth is earned only while the limit is what holds requests back.
         binding = self._busy + 1 >= limit or len(self._queue) > 0
         changed = self.adaptive.record(
-            self._clock(), outcome, kind=kind, latency=latency, binding=binding
+            self.clock(),
+            outcome,
+            kind=kind,
+            latency=latency,
+            binding=binding,
+            sent=sent,
         )
         if changed and self.concurrency_limit > limit:
             self._queue.wake_first()
@@ -247,13 +254,13 @@ class UpstreamLimiter:
         """Take one token and one concurrency slot, in fair order. True if it had to wait."""
         if not self._bucket.unlimited:
             # The tokens this request needs: one for itself and one for each request ahead.
-            needed = self._queue.ahead_of_new(key) + 1 - self._bucket.tokens(self._clock())
+            needed = self._queue.ahead_of_new(key) + 1 - self._bucket.tokens(self.clock())
             if needed > 0:
                 self._check_budget(started, budget, needed / self._bucket.rate, "rate limit")
-        if budget is not None and not self._has_room() and budget - (self._clock() - started) <= 0:
+        if budget is not None and not self._has_room() and budget - (self.clock() - started) <= 0:
             self._refuse(1.0, "too many concurrent upstream requests")
         if self._may_pass(key):
-            self._bucket.reserve(self._clock())
+            self._bucket.reserve(self.clock())
             self._busy += 1
             self._queue.served_without_waiting(key)
             return False
@@ -264,7 +271,7 @@ class UpstreamLimiter:
         try:
             while True:
                 if self._queue.is_first(turn):
-                    now = self._clock()
+                    now = self.clock()
                     if first_since is None:
                         first_since = now
                     wait = self._bucket.time_until(now)
@@ -297,7 +304,7 @@ class UpstreamLimiter:
             return False
         if len(self._queue) and not self._head_holds_reserve:
             return False
-        return self._bucket.time_until(self._clock()) <= _TOKEN_SLACK
+        return self._bucket.time_until(self.clock()) <= _TOKEN_SLACK
 
     def _reserve_wait(self, key: Hashable, now: float, first_since: float) -> float:
         """How long the first waiter of ``key`` waits to leave the reserve (0: it need not)."""
@@ -314,7 +321,7 @@ class UpstreamLimiter:
             if budget is None:
                 await turn.wake
                 return
-            remaining = budget - (self._clock() - started)
+            remaining = budget - (self.clock() - started)
             if remaining <= 0:
                 self._refuse(1.0, "too many concurrent upstream requests")
             try:
@@ -328,7 +335,7 @@ class UpstreamLimiter:
 
     async def _wait_for_gate(self, started: float, budget: float | None) -> bool:
         waited = False
-        while (wait := self._gate.wait_time(self._clock())) > 0:
+        while (wait := self._gate.wait_time(self.clock())) > 0:
             self._check_budget(started, budget, wait, "upstream asked to retry later")
             waited = True
             await self._sleep(wait)
@@ -337,7 +344,7 @@ class UpstreamLimiter:
     def _check_budget(self, started: float, budget: float | None, wait: float, why: str) -> None:
         if budget is None:
             return
-        if (self._clock() - started) + wait > budget:
+        if (self.clock() - started) + wait > budget:
             self._refuse(wait, why)
 
     def _refuse(self, retry_after: float, why: str) -> None:

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import ssl
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import aiohttp
 from multidict import CIMultiDict
@@ -95,14 +95,14 @@ class Upstream:
         limiter: UpstreamLimiter,
         metrics: Metrics,
         max_wait: float = 5.0,
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.target = target
         self.config = config
         self.limiter = limiter
         self.metrics = metrics
         self.max_wait = max_wait
-        self._clock = clock
+        # The limiter's clock: it compares send times with the times of its cuts.
+        self._clock = limiter.clock
         # The prober (app.py wires it after both exist: it probes through this client).
         self.connectivity: Prober = NO_PROBER
         self._transports: Transports | None = None
@@ -223,6 +223,7 @@ class Upstream:
             if forwarded_auth is None and self.target.exec_source is not None:
                 await self.target.refresh()  # an exec plugin's credential, when it is due
             send_headers = self._with_credential(headers, forwarded_auth)
+            sent = self._clock()  # set again once admitted
             try:
                 if self.limiter.admit_now():  # nothing to wait for: no context manager either
                     try:
@@ -250,7 +251,7 @@ class Upstream:
                 self.metrics.throttled.labels("upstream").inc()
                 raise
             except TimeoutError:
-                self._record(Outcome.TIMEOUT)
+                self._record(Outcome.TIMEOUT, sent=sent)
                 raise self._timed_out(method, path_qs) from None
             except DialFailed as failed:
                 self.metrics.upstream_errors.labels(
@@ -265,7 +266,7 @@ class Upstream:
                 if not isinstance(exc, aiohttp.ClientConnectorError):
                     # A dial that failed is the outage path's business (one back-off schedule);
                     # an answer cut off on an open connection is the apiserver in trouble.
-                    self._record(Outcome.BROKEN)
+                    self._record(Outcome.BROKEN, sent=sent)
                 raise self._failed(exc) from None
             # Any HTTP answer means the apiserver is reachable, even a 5xx from it.
             self._answered()
@@ -284,6 +285,7 @@ class Upstream:
                 # A stream's headers come before its work: their time says nothing of load.
                 latency=None if streaming else took,
                 retry_after=retry_after,
+                sent=sent,
             )
             if (
                 status == 401
@@ -306,9 +308,12 @@ class Upstream:
         kind: str = "",
         latency: float | None = None,
         retry_after: float | None = None,
+        sent: float,
     ) -> None:
         """Feed the adaptive concurrency limit; its metrics follow when it moves."""
-        if self.limiter.record(outcome, kind=kind, latency=latency, retry_after=retry_after):
+        if self.limiter.record(
+            outcome, kind=kind, latency=latency, retry_after=retry_after, sent=sent
+        ):
             adaptive = self.limiter.adaptive
             assert adaptive is not None
             self.metrics.note_concurrency_limit_change(adaptive.reason.value)
