@@ -2,17 +2,24 @@
 # Install watchproxy with its test dependencies into .venv, lint, type-check and run the tests.
 # Extra arguments go to pytest (e.g. `scripts/test.sh tests/component/test_hub.py -x -n 0`).
 set -euo pipefail
+# Each phase's wall time goes to stderr: a cold run (every build from scratch) shows where its
+# minutes went.
+took() { echo "test.sh: $1 took $((SECONDS - phase_started)) s" >&2; phase_started=$SECONDS; }
+phase_started=$SECONDS
 EXTRAS=test source "$(dirname "$0")/venv.sh"
+took "the venv"
 if ! command -v kubectl >/dev/null 2>&1; then
     echo "kubectl not found: the client-go tests need it (apt-get install kubectl, or put it on PATH)" >&2
     exit 1
 fi
 # helm and promtool for the deploy tests (tests/deploy/tools.py fails when these are set but broken).
 source scripts/tools.sh
+took "helm and promtool"
 .venv/bin/ruff check watchproxy kubefake tests bench
 .venv/bin/ruff format --check watchproxy kubefake tests bench
 .venv/bin/mypy
 .venv/bin/lint-imports
+took "lint and type checks"
 # The realapi tier runs watchproxy against a real kube-apiserver + etcd built from Go modules:
 # the newest supported version (1.37) by default; KUBETESTENV_VERSIONS="1.37 1.34" also builds
 # the older one and runs the tier once more on it after the suite (docs/development.md says
@@ -26,19 +33,23 @@ if ! bash tests/realapi/build.sh; then
     fi
     echo "warning: tests/realapi/build.sh failed: the realapi tier will be skipped" >&2
 fi
+took "the real apiserver (kubetestenv)"
 # The kube-rs and client-node test programs (tests/clients/{rust,node}): cargo build and npm ci,
 # skipped when up to date (cargo's target dir in ~/.cache/watchproxy, node_modules in tests/clients/node).
 # Built here, not inside a test: a cold cargo build takes minutes. With CI=true a missing
 # cargo, node or npm fails here; elsewhere the tests that need them skip.
 .venv/bin/python -m tests.clients.build_rust_node
+took "the kube-rs and client-node programs"
 # The real-client programs (tests/clients): built here, outside pytest's per-test timeouts, so a
 # cold build (client-go from the Go module proxy) shows its own time; a no-op when up to date.
 .venv/bin/python -m tests.clients.build
+took "the Go client programs"
 # Three workers: most tests wait on loopback sockets and child processes, not on the CPU, so three
 # share two cores well (the whole suite: about 4 minutes instead of 11 on a quiet 2-core machine).
 # Each worker starts its own session fixtures (the real apiserver among them). A later `-n 0` in
 # the arguments runs everything in one process, e.g. to debug one test.
 .venv/bin/pytest -n "${WATCHPROXY_TEST_WORKERS:-3}" "$@"
+took "the suite"
 # The realapi tier again on each other version KUBETESTENV_VERSIONS names (its own arguments:
 # the ones above may select other tiers).
 newest=$(.venv/bin/python -c "from tests.realapi.fixture import NEWEST; print(NEWEST)")
