@@ -54,6 +54,11 @@ ROWS = (
         ("test_real_clients::test_every_client_gets_every_change_once",),
     ),
     Row(
+        "kube-rs 5.0 watcher, gzip feature on / off",
+        "watch-list and LIST + WATCH: the record, direct and through the hub",
+        ("test_kubers_gzip::",),
+    ),
+    Row(
         "kube-rs without back-off",
         "real apiserver restart: few reconnects, nothing lost",
         ("test_kubers_outage_real::",),

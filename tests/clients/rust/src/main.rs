@@ -7,7 +7,11 @@
 //!
 //!     kubewatch --backoff none|default [--namespace NS] [--duration SECONDS] [--watchers N]
 //!               [--page-size N] [--list-semantic any|most-recent]
+//!               [--initial-list list|streaming] [--gzip on|off]
 //!
+//! --initial-list streaming makes the watcher start with a watch-list (`sendInitialEvents`)
+//! instead of LIST + WATCH. --gzip off sets the kubeconfig's `disable-compression`: no
+//! `Accept-Encoding: gzip`, as kube without its gzip feature (on by default: kube's own default).
 //! --page-size and --list-semantic set the watcher's `page_size` (500 by default) and
 //! `list_semantic`. kube-rs lists with resourceVersion=0 by default (`Any`), which the
 //! apiserver answers from its cache whole, page size or not; `most-recent` lists consistently,
@@ -43,6 +47,8 @@ struct Args {
     watchers: usize,
     page_size: Option<u32>,
     most_recent: bool,
+    streaming_list: bool,
+    gzip: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -53,6 +59,8 @@ fn parse_args() -> Result<Args, String> {
         watchers: 1,
         page_size: None,
         most_recent: false,
+        streaming_list: false,
+        gzip: true,
     };
     let mut backoff_given = false;
     let mut it = std::env::args().skip(1);
@@ -81,6 +89,20 @@ fn parse_args() -> Result<Args, String> {
                     "most-recent" => true,
                     other => return Err(format!("--list-semantic must be any or most-recent, not {other}")),
                 }
+            }
+            "--initial-list" => {
+                args.streaming_list = match value()?.as_str() {
+                    "list" => false,
+                    "streaming" => true,
+                    other => return Err(format!("--initial-list must be list or streaming, not {other}")),
+                };
+            }
+            "--gzip" => {
+                args.gzip = match value()?.as_str() {
+                    "on" => true,
+                    "off" => false,
+                    other => return Err(format!("--gzip must be on or off, not {other}")),
+                };
             }
             "--page-size" => {
                 args.page_size = Some(value()?.parse().map_err(|e| format!("--page-size: {e}"))?);
@@ -136,7 +158,8 @@ where
 }
 
 async fn run(args: Args) -> Result<(), String> {
-    let config = kube::Config::infer().await.map_err(|e| format!("kubeconfig: {e}"))?;
+    let mut config = kube::Config::infer().await.map_err(|e| format!("kubeconfig: {e}"))?;
+    config.disable_compression = !args.gzip;
     let mut tasks = tokio::task::JoinSet::new();
     for index in 0..args.watchers {
         // One client per watcher: separate connections, as separate controllers would have.
@@ -148,6 +171,9 @@ async fn run(args: Args) -> Result<(), String> {
         }
         if args.most_recent {
             watch_config = watch_config.list_semantic(watcher::ListSemantic::MostRecent);
+        }
+        if args.streaming_list {
+            watch_config = watch_config.streaming_lists();
         }
         let stream = watcher::watcher(api, watch_config);
         match args.backoff {
