@@ -69,6 +69,16 @@ ROWS = (
         ("test_real_clients::test_every_client_gets_every_change_once",),
     ),
     Row("kubectl", "get -w (Table) as direct", ("test_real_apiserver::test_kubectl_get_watch",)),
+    Row(
+        "kubectl 1.37.2 (built from Go modules)",
+        "apply (client- and server-side), diff, get, get -w, describe, label, delete as direct",
+        ("test_kubectl_newest::",),
+    ),
+    Row(
+        "kubectl 1.27 / 1.33 / 1.37",
+        "exec refusals over SPDY and WebSocket as direct",
+        ("test_upgrades::",),
+    ),
     Row("HTTP", "request parity table (statuses as the apiserver's)", ("test_parity::",)),
     Row(
         "HTTP",
@@ -134,7 +144,6 @@ ROWS = (
     ),
     Row("HTTP", "identical LISTs batched", ("test_list_batch::",)),
     Row("HTTP", "impersonation / forwarded identity", ("test_impersonation::",)),
-    Row("HTTP", "exec/attach/port-forward upgrades", ("test_upgrades::",)),
 )
 
 

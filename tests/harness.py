@@ -23,6 +23,8 @@ from watchproxy.kube.kubeconfig import render_kubeconfig
 from watchproxy.upstream.credentials import from_kubeconfig
 
 KUBECTL = "kubectl"
+# The newest kubectl, built from Go modules by tests/realapi/build.sh (no package ships it).
+BUILT_KUBECTL_DIR = os.path.join(os.path.dirname(__file__), "realapi", "bin")
 
 
 @dataclass
@@ -131,11 +133,15 @@ async def wait_for(
 
 
 def versioned_kubectl(minor: int) -> str | None:
-    """``kubectl.1.NN`` on PATH or beside the kubectl that the Google Cloud CLI installs."""
+    """``kubectl.1.NN`` on PATH, built by tests/realapi/build.sh, or beside the kubectl that the
+    Google Cloud CLI installs."""
     name = f"kubectl.1.{minor}"
     found = shutil.which(name)
     if found is not None:
         return found
+    built = os.path.join(BUILT_KUBECTL_DIR, name)
+    if os.access(built, os.X_OK):
+        return built
     default = shutil.which(KUBECTL)
     if default is None:
         return None
@@ -147,7 +153,10 @@ def versioned_kubectl_or_skip(minor: int) -> str:
     """:func:`versioned_kubectl`, or skip the test that needs it."""
     found = versioned_kubectl(minor)
     if found is None:
-        pytest.skip(f"kubectl.1.{minor} is not installed (the Google Cloud CLI ships it)")
+        pytest.skip(
+            f"kubectl.1.{minor} is not installed (the Google Cloud CLI ships 1.27-1.33;"
+            " tests/realapi/build.sh builds the newest)"
+        )
     return found
 
 

@@ -91,3 +91,23 @@ fi
 for minor in "${versions[@]}"; do
     build_one "$minor"
 done
+
+# bin/kubectl.1.<minor>: the kubectl of kubectl/go.mod's release (the newest; no package on the
+# machine ships it), beside kubetestenv. Its own module: kubectl's dependencies (kustomize and
+# the rest) stay out of the apiserver's. Most of its packages are client-go and apimachinery,
+# which the apiserver's build has compiled already: about a minute more on a cold machine.
+build_kubectl() {
+    local version minor stamp pkg
+    version=$(cd kubectl && go list -m -f '{{.Version}}' k8s.io/kubectl)  # v0.37.2
+    version="v1.${version#v0.}"
+    minor=${version#v1.}
+    minor=${minor%%.*}
+    stamp=""
+    for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+        stamp+=" -X $pkg.gitVersion=$version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+        stamp+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+    done
+    (cd kubectl && go build -trimpath -ldflags="-s -w$stamp" -o "../bin/kubectl.1.$minor" .)
+    touch "bin/kubectl.1.$minor"
+}
+build_kubectl

@@ -1,4 +1,4 @@
-"""exec through watchproxy against the real kube-apiserver, with real kubectl 1.27 and 1.33.
+"""exec through watchproxy against the real kube-apiserver, with real kubectl 1.27, 1.33, 1.37.
 
 There is no kubelet in this tier, so no exec can run: what is pinned is that every refusal the
 apiserver gives reaches kubectl through watchproxy exactly as it does directly, over SPDY and
@@ -22,6 +22,7 @@ PATHS = [
     pytest.param(27, {}, id="1.27-spdy"),
     pytest.param(33, SPDY_EXEC_ENV, id="1.33-spdy"),
     pytest.param(33, {}, id="1.33-websocket"),
+    pytest.param(37, {}, id="1.37-websocket"),  # the newest, built by tests/realapi/build.sh
 ]
 
 
