@@ -68,6 +68,16 @@ ROWS = (
         "every change once across an outage / a compaction",
         ("test_real_clients::test_every_client_gets_every_change_once",),
     ),
+    Row(
+        "Python: kubernetes, kubernetes_asyncio watch loops",
+        "every change once, in order, direct and through watchproxy",
+        ("test_python_watch_real::",),
+    ),
+    Row(
+        "Python: kubernetes, kubernetes_asyncio",
+        "LISTs in pages from the hub, one revision",
+        ("test_list_batch::test_python_clients_list_in_pages",),
+    ),
     Row("kubectl", "get -w (Table) as direct", ("test_real_apiserver::test_kubectl_get_watch",)),
     Row(
         "kubectl 1.37.2 (built from Go modules)",
