@@ -157,8 +157,16 @@ async def test_passthrough_keeps_the_members_of_a_gzip_watch_list(
     assert "Accept-Encoding" in p_headers.get("Vary", ""), p_headers
     # Members after the first came through whole: the late change's own member among them.
     assert p_members >= 2, p_members
-    proxied = events(p_decoded)
-    assert proxied[:301] == events(d_decoded)  # 300 ADDED and the end bookmark
+    proxied, straight = events(p_decoded), events(d_decoded)
+    assert proxied[:300] == straight[:300]  # the 300 ADDED
+    # The end bookmark carries the revision the apiserver's watch cache had reached, which
+    # moves on etcd progress notifications that other writes cause, with no event in this
+    # namespace: the pass-through watch-list, opened after the direct one, may end at a later
+    # one (a stressed cold CI run: 845 through watchproxy, 844 direct).
+    assert [kind for kind, _, _ in (proxied[300], straight[300])] == ["BOOKMARK"] * 2
+    assert (
+        int(proxied[300][2]) >= int(straight[300][2]) >= max(int(rv) for *_, rv in straight[:300])
+    )
     assert [(kind, name) for kind, name, _ in proxied[301:]] == [("ADDED", proxied[-1][1])]
 
 
