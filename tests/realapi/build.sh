@@ -43,19 +43,24 @@ modfile_of() {
     return 1
 }
 
+version_stamp() {
+    # The -ldflags that stamp Kubernetes version $1 (v1.37.2) into a binary. Kubernetes stamps
+    # its version with -X at release time; without it /version says "v0.0.0-master+$Format:%H$",
+    # which kubectl and client libraries refuse to parse.
+    local minor pkg
+    minor=${1#v1.}
+    minor=${minor%%.*}
+    for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+        printf ' -X %s.gitVersion=%s -X %s.gitMajor=1 -X %s.gitMinor=%s' "$pkg" "$1" "$pkg" "$pkg" "$minor"
+        printf ' -X %s.gitTreeState=clean -X %s.buildDate=1970-01-01T00:00:00Z' "$pkg" "$pkg"
+    done
+}
+
 build_one() {
-    local minor=$1 modfile version patchless stamp pkg
+    local minor=$1 modfile version stamp
     modfile=$(modfile_of "$minor")
     version=$(go list -modfile="$modfile" -m -f '{{.Version}}' k8s.io/kubernetes)
-    patchless=${version#v1.}
-    patchless=${patchless%%.*}
-    # Kubernetes stamps its version with -X at release time; without it /version says
-    # "v0.0.0-master+$Format:%H$", which kubectl and client libraries refuse to parse.
-    stamp=""
-    for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-        stamp+=" -X $pkg.gitVersion=$version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$patchless"
-        stamp+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
-    done
+    stamp=$(version_stamp "$version")
     # go build writes the output only when the build succeeds, and leaves an up-to-date one
     # alone; the touch marks it newer than its sources, which is how the tests recognise a
     # stale binary.
@@ -97,16 +102,12 @@ done
 # the rest) stay out of the apiserver's. Most of its packages are client-go and apimachinery,
 # which the apiserver's build has compiled already: about a minute more on a cold machine.
 build_kubectl() {
-    local version minor stamp pkg
+    local version minor stamp
     version=$(cd kubectl && go list -m -f '{{.Version}}' k8s.io/kubectl)  # v0.37.2
     version="v1.${version#v0.}"
     minor=${version#v1.}
     minor=${minor%%.*}
-    stamp=""
-    for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-        stamp+=" -X $pkg.gitVersion=$version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
-        stamp+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
-    done
+    stamp=$(version_stamp "$version")
     (cd kubectl && go build -trimpath -ldflags="-s -w$stamp" -o "../bin/kubectl.1.$minor" .)
     touch "bin/kubectl.1.$minor"
 }
