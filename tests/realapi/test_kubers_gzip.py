@@ -22,12 +22,12 @@ from pathlib import Path
 import pytest
 
 from tests.clients.build_rust_node import build_kubewatch
-from tests.clients.expect import ChangeLog, check_kubers, kubers_state
+from tests.clients.expect import check_kubers, kubers_state
 from tests.clients.process import ClientProcess, Line
 from tests.harness import proxy_for_upstream
 from tests.realapi.fixture import RealApiServer
 from tests.realapi.kubeapi import Api
-from tests.realapi.test_real_clients import ApiRecord, Writer, built, pod
+from tests.realapi.test_real_clients import built, pod, recorded_pods
 
 pytestmark = pytest.mark.timeout(120, func_only=True)
 
@@ -54,11 +54,7 @@ async def test_kubers_sees_the_record_direct_and_through_watchproxy(
     tmp_path: Path, real_apiserver: RealApiServer, direct: Api, namespace: str, gzip: str
 ) -> None:
     kubewatch = str(built(build_kubewatch))
-    pods = f"/api/v1/namespaces/{namespace}/pods"
-    start_rv = int((await direct.ok("GET", pods))["metadata"]["resourceVersion"])
-    record = ApiRecord(direct, namespace, start_rv)
-    log = ChangeLog(record, namespace)
-    writer = Writer(direct, namespace)
+    record, log, writer = await recorded_pods(direct, namespace)
     upstream = real_apiserver.write_kubeconfig(
         tmp_path / "upstream.kubeconfig", token=real_apiserver.token
     )

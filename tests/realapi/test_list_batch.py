@@ -40,10 +40,15 @@ def comparable_list(body: dict[str, Any]) -> dict[str, Any]:
     return {**body, "rows": [{**row, "cells": row["cells"][:-1]} for row in body["rows"]]}
 
 
+def list_objects(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The objects of a LIST answer: its items, or a Table's rows' objects."""
+    found: list[dict[str, Any]] = body.get("items") or [row["object"] for row in body["rows"]]
+    return found
+
+
 def item_rvs(body: dict[str, Any]) -> list[int]:
-    """The resourceVersion of each object of a LIST answer (a Table's rows included)."""
-    items = body.get("items") or [row["object"] for row in body["rows"]]
-    return [int(item["metadata"]["resourceVersion"]) for item in items]
+    """The resourceVersion of each object of a LIST answer."""
+    return [int(item["metadata"]["resourceVersion"]) for item in list_objects(body)]
 
 
 PODS_AND_TICKER = [*(f"p{i}" for i in range(7)), "ticker"]
@@ -226,8 +231,7 @@ async def test_lists_from_the_hub_equal_the_apiservers_in_body_and_order(
     assert comparable_list({**from_cache, "metadata": metadata}) == comparable_list(oracle_cache)
 
     def names(body: dict[str, Any]) -> list[str]:
-        rows = body.get("items") or [row["object"] for row in body["rows"]]
-        return [item["metadata"]["name"] for item in rows]
+        return [item["metadata"]["name"] for item in list_objects(body)]
 
     assert names(oracle_cache) == ["alpha", "beta", "m-first", "m-mid", "zeta"]
     assert names(oracle) == ["alpha", "beta", "m-first", "m-mid", "ticker", "zeta"]
@@ -246,10 +250,6 @@ async def test_a_list_in_pages_from_the_hub_is_the_apiservers_list_at_one_revisi
     for i in range(8):
         await direct.ok("POST", cms, body=configmap(f"c{i}"))
 
-    def rows(body: dict[str, Any]) -> list[dict[str, Any]]:
-        found: list[dict[str, Any]] = body.get("items") or [r["object"] for r in body["rows"]]
-        return found
-
     def as_seen(objects: list[dict[str, Any]]) -> list[tuple[str, str]]:
         return [(o["metadata"]["name"], o["metadata"]["resourceVersion"]) for o in objects]
 
@@ -262,13 +262,13 @@ async def test_a_list_in_pages_from_the_hub_is_the_apiservers_list_at_one_revisi
             first = await via.ok("GET", f"{cms}?limit=3", headers=headers)
         rv = first["metadata"]["resourceVersion"]
         await direct.ok("POST", cms, body=configmap("c9"))  # after page 1: not in its list
-        seen, body = list(rows(first)), first
+        seen, body = list(list_objects(first)), first
         while body["metadata"].get("continue"):
             assert body["metadata"]["remainingItemCount"] > 0
             token = body["metadata"]["continue"]
             body = await via.ok("GET", f"{cms}?limit=3&continue={token}", headers=headers)
             assert body["metadata"]["resourceVersion"] == rv
-            seen += rows(body)
+            seen += list_objects(body)
         ours = first["metadata"]["continue"]
         by_apiserver = await direct.ok("GET", f"{cms}?continue={ours}", headers=headers)
         theirs = await direct.ok("GET", f"{cms}?limit=4", headers=headers)
@@ -281,10 +281,10 @@ async def test_a_list_in_pages_from_the_hub_is_the_apiservers_list_at_one_revisi
     exact_first = await direct.ok("GET", at_rv + "&limit=3", headers=headers)
     # Page 1 is the apiserver's page 1 at that revision, continue token and count included.
     assert comparable_list(first) == comparable_list(exact_first)
-    assert as_seen(seen) == as_seen(rows(exact))
+    assert as_seen(seen) == as_seen(list_objects(exact))
     assert [name for name, _ in as_seen(seen)] == [*(f"c{i}" for i in range(8)), "ticker"]
-    assert as_seen(rows(by_apiserver)) == as_seen(seen[3:])
-    assert [name for name, _ in as_seen(rows(rest))] == [
+    assert as_seen(list_objects(by_apiserver)) == as_seen(seen[3:])
+    assert [name for name, _ in as_seen(list_objects(rest))] == [
         *(f"c{i}" for i in range(4, 8)),
         "c9",
         "ticker",

@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from tests.clients.expect import Change, ChangeLog
+from tests.clients.expect import Change
 from tests.harness import proxy_for_upstream
 from tests.realapi.fixture import RealApiServer
 from tests.realapi.kubeapi import Api
-from tests.realapi.test_real_clients import ApiRecord, Writer, pod
+from tests.realapi.test_real_clients import pod, recorded_pods
 
 pytestmark = pytest.mark.timeout(120, func_only=True)
 
@@ -75,10 +75,8 @@ async def test_python_watch_loops_see_the_record_direct_and_through_watchproxy(
     tmp_path: Path, real_apiserver: RealApiServer, direct: Api, namespace: str
 ) -> None:
     pods = f"/api/v1/namespaces/{namespace}/pods"
-    since = int((await direct.ok("GET", pods))["metadata"]["resourceVersion"])
-    record = ApiRecord(direct, namespace, since)
-    log = ChangeLog(record, namespace)
-    writer = Writer(direct, namespace)
+    record, log, writer = await recorded_pods(direct, namespace)
+    since = record.resource_version
     upstream = real_apiserver.write_kubeconfig(
         tmp_path / "upstream.kubeconfig", token=real_apiserver.token
     )

@@ -145,6 +145,16 @@ class Writer:
         self.last_rv = max(self.last_rv, int(body["metadata"]["resourceVersion"]))
 
 
+async def recorded_pods(direct: Api, namespace: str) -> tuple[ApiRecord, ChangeLog, Writer]:
+    """The namespace's pod changes from now on: the apiserver's record of them (a direct watch
+    from the namespace's current resourceVersion, opened by ``record.recording()``), the change
+    log it feeds, and a writer that makes them."""
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    start_rv = int((await direct.ok("GET", pods))["metadata"]["resourceVersion"])
+    record = ApiRecord(direct, namespace, start_rv)
+    return record, ChangeLog(record, namespace), Writer(direct, namespace)
+
+
 def built(build: Callable[[], Path | Any]) -> Any:
     try:
         return build()
@@ -291,10 +301,7 @@ async def across_an_outage(
 ) -> None:
     """Run every client through one outage and check what each saw."""
     pods = f"/api/v1/namespaces/{namespace}/pods"
-    start_rv = int((await direct.ok("GET", pods))["metadata"]["resourceVersion"])
-    record = ApiRecord(direct, namespace, start_rv)
-    log = ChangeLog(record, namespace)
-    writer = Writer(direct, namespace)
+    record, log, writer = await recorded_pods(direct, namespace)
     async with TcpRelay(real_apiserver.port) as relay:
         upstream = real_apiserver.write_kubeconfig(
             tmp_path / "upstream.kubeconfig", token=real_apiserver.token, server=relay.url

@@ -29,7 +29,7 @@ from tests.clients.streams import client_state
 from tests.harness import RunningProxy, proxy_for_upstream, wait_for
 from tests.realapi.fixture import RealApiServer, version_tuple
 from tests.realapi.kubeapi import Api, compare_rv
-from tests.realapi.test_real_clients import ApiRecord, Writer, built, hub_cursors, opened
+from tests.realapi.test_real_clients import built, hub_cursors, opened, recorded_pods
 
 pytestmark = pytest.mark.timeout(120, func_only=True)
 
@@ -120,11 +120,7 @@ async def test_watchlist_informers_share_one_upstream_watch_and_each_gets_the_re
     tmp_path: Path, real_apiserver: RealApiServer, direct: Api, namespace: str
 ) -> None:
     binary = built(build_informer137)
-    pods = f"/api/v1/namespaces/{namespace}/pods"
-    start_rv = int((await direct.ok("GET", pods))["metadata"]["resourceVersion"])
-    record = ApiRecord(direct, namespace, start_rv)
-    log = ChangeLog(record, namespace)
-    writer = Writer(direct, namespace)
+    record, log, writer = await recorded_pods(direct, namespace)
     upstream = real_apiserver.write_kubeconfig(
         tmp_path / "upstream.kubeconfig", token=real_apiserver.token
     )
