@@ -20,6 +20,8 @@ from watchproxy.metricsbase import (
     LOOP_LAG_BUCKETS,
     STREAM_BUCKETS,
     Children,
+    LoopCounter,
+    LoopHistogram,
     LoopLagSampler,
     MetricDoc,
 )
@@ -60,14 +62,14 @@ class Metrics:
         self._lag = LoopLagSampler(self.event_loop_lag, lag_interval)
         # Client side.
         self.requests = add(
-            Counter,
+            LoopCounter,
             "watchproxy_requests",
             "Client requests answered, by Kubernetes verb and HTTP status code (refused ones "
             "too, with the verb they asked for); a stream is counted when it ends.",
             ["verb", "code"],
         )
         self.request_duration = add(
-            Histogram,
+            LoopHistogram,
             "watchproxy_request_duration_seconds",
             "Time from a client request's arrival to the end of its response, for requests "
             "that are not streams, by verb.",
@@ -75,7 +77,7 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
         )
         self.stream_duration = add(
-            Histogram,
+            LoopHistogram,
             "watchproxy_stream_duration_seconds",
             "Lifetime of client streams (watches, followed logs, exec/attach/port-forward), "
             "from the request's arrival to the end of the stream, by verb.",
@@ -115,13 +117,13 @@ class Metrics:
         )
         # Upstream side.
         self.upstream_requests = add(
-            Counter,
+            LoopCounter,
             "watchproxy_upstream_requests",
             "Requests sent to the apiserver, by verb and HTTP status code.",
             ["verb", "code"],
         )
         self.upstream_request_duration = add(
-            Histogram,
+            LoopHistogram,
             "watchproxy_upstream_request_duration_seconds",
             "Time from sending a request to the apiserver to its response headers (rate-limiter "
             "waits excluded; only requests that got an HTTP answer), by verb.",
@@ -358,9 +360,7 @@ class Metrics:
     ) -> _M:
         extra: dict[str, Any] = {} if buckets is None else {"buckets": buckets}
         metric = kind(name, documentation, labels or [], registry=self.registry, **extra)
-        exposed = name + "_total" if kind is Counter else name
-        type_name = {Counter: "counter", Gauge: "gauge", Histogram: "histogram"}[kind]
-        self.catalog.append(MetricDoc(exposed, type_name, tuple(labels or ()), documentation))
+        self.catalog.append(MetricDoc.of(kind, name, documentation, tuple(labels or ())))
         return metric
 
     # -- what the handlers call -----------------------------------------------------------------

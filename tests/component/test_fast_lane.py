@@ -223,3 +223,33 @@ async def test_a_body_slower_than_the_head_deadline_is_not_a_slow_head(tmp_path:
             assert lane.served == 1
         finally:
             conn.close()
+
+
+async def test_a_remembered_admission_is_never_an_impersonating_requests(tmp_path: Any) -> None:
+    """The fast lane remembers its decision per (method, target, Host): a request that asks to
+    act as someone else is judged afresh (refused by default, nothing sent upstream), and a
+    Host that is not allowed is refused though the same target was just served."""
+    async with running_proxy(tmp_path) as running:
+        lane = running.proxy.fast_lane
+        assert lane is not None
+        conn = await Conn.open(running.proxy.api_port)
+        try:
+            for _ in range(2):  # the second is answered from the remembered admission
+                conn.send(request("GET", CONFIGMAPS))
+                status, _, _ = await conn.answer()
+                assert status == 200
+            assert lane.served == 2
+            running.fake.stats.reset()
+            conn.send(request("GET", CONFIGMAPS, Impersonate_User="system:admin"))
+            status, _, body = await conn.answer()
+            assert status == 403 and "Impersonate-User" in json.loads(body)["message"]
+            assert not [r for r in running.fake.stats.requests if r.path == CONFIGMAPS]
+        finally:
+            conn.close()
+        stranger = await Conn.open(running.proxy.api_port)
+        try:
+            stranger.send(request("GET", CONFIGMAPS).replace(b"127.0.0.1", b"evil.example", 1))
+            status, _, _ = await stranger.answer()
+            assert status == 403
+        finally:
+            stranger.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 import aiohttp
@@ -36,6 +37,35 @@ async def test_slowloris_headers_get_408_and_are_closed(tmp_path: Any) -> None:
         writer.close()
         metrics = running.proxy.metrics.rejected.labels("header-timeout")
         assert metrics._value.get() == 1  # type: ignore[attr-defined]
+
+
+async def test_a_keep_alive_connection_idles_past_head_deadlines_then_gets_its_own(
+    tmp_path: Any,
+) -> None:
+    """One timer serves the connection's deadlines (server.connection): idle for several head
+    deadlines after an answer, it stays open; a partial head then gets its 408 no sooner than
+    a whole head deadline after it began."""
+    overrides = {"limits.header_timeout_seconds": 0.3}
+    async with running_proxy(tmp_path, overrides) as running:
+        reader, writer = await asyncio.open_connection("127.0.0.1", running.proxy.api_port)
+        try:
+            writer.write(f"GET {PODS} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+            code, _ = await _read_reply(reader)
+            assert code == 200
+            # Idle: the armed timer fires (at the old head deadline and after) and finds
+            # nothing due. A closed connection would read b"" here.
+            idle = asyncio.ensure_future(reader.read(1))
+            done, _ = await asyncio.wait({idle}, timeout=1.0)
+            assert not done, "an idle keep-alive connection was closed"
+            idle.cancel()
+            began = time.monotonic()
+            writer.write(f"GET {PODS} HTTP/1.1\r\nHost: 127.0.0.1\r\n".encode())
+            code, status = await _read_reply(reader)
+            waited = time.monotonic() - began
+            assert code == 408 and status["reason"] == "Timeout"
+            assert 0.3 <= waited < 5, waited
+        finally:
+            writer.close()
 
 
 async def test_open_watch_is_not_a_slow_client(tmp_path: Any) -> None:

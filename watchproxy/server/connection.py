@@ -66,6 +66,7 @@ class GuardedProtocol(asyncio.Protocol):
         self._inner = inner
         self._transport: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._deadline: float | None = None  # loop time; see _start_timer
         self._state: State | None = None
         self._got_bytes = False
         self._shed = False
@@ -106,7 +107,7 @@ class GuardedProtocol(asyncio.Protocol):
         self._start_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._cancel_timer()
+        self._stop_timer()
         self._move(None)
         if self._transport is not None:
             self._guard.by_transport.pop(self._transport, None)
@@ -266,7 +267,7 @@ class GuardedProtocol(asyncio.Protocol):
 
     def shed(self) -> None:
         """Close this (idle or unfinished) connection to make room for a new one."""
-        self._cancel_timer()
+        self._stop_timer()
         # Out of the books now: the loop reports the loss only later, and the new connection
         # being accepted must find the room already made.
         self._move(None)
@@ -275,19 +276,47 @@ class GuardedProtocol(asyncio.Protocol):
             self._transport.close()
 
     def _start_timer(self, seconds: float | None = None) -> None:
-        self._cancel_timer()
+        """Set the connection's deadline: its head's (``header_timeout``) or an idle one.
+
+        Lazy, because every request sets a deadline twice (its head's, then the idle one after
+        its answer) and clears one: one timer stays armed and, when it fires, compares the
+        deadline then in force. It is armed at most ``_recheck`` ahead, never later than a
+        head deadline set afterwards could fall, so a new deadline never needs it re-armed."""
         timeout = self._guard.header_timeout if seconds is None else seconds
-        if timeout > 0:
-            loop = asyncio.get_running_loop()
-            self._timer = loop.call_later(timeout, self._timed_out)
+        if timeout <= 0:
+            self._deadline = None
+            return
+        loop = asyncio.get_running_loop()
+        self._deadline = loop.time() + timeout
+        if self._timer is None:
+            self._timer = loop.call_at(
+                min(self._deadline, loop.time() + self._recheck()), self._timed_out
+            )
+
+    def _recheck(self) -> float:
+        head = self._guard.header_timeout
+        return head if head > 0 else IDLE_TIMEOUT_SECONDS
 
     def _cancel_timer(self) -> None:
+        self._deadline = None  # the armed timer, if any, finds nothing due
+
+    def _stop_timer(self) -> None:
+        self._deadline = None
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
 
     def _timed_out(self) -> None:
         self._timer = None
+        deadline = self._deadline
+        if deadline is None:
+            return  # cleared since: the next deadline arms a timer again
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if now < deadline:
+            self._timer = loop.call_at(min(deadline, now + self._recheck()), self._timed_out)
+            return
+        self._deadline = None
         transport = self._transport
         if transport is None or transport.is_closing():
             return
