@@ -294,8 +294,9 @@ class GuardedProtocol(asyncio.Protocol):
             )
 
     def _recheck(self) -> float:
+        """How far ahead the timer is armed at most: the shorter of the two deadlines."""
         head = self._guard.header_timeout
-        return head if head > 0 else IDLE_TIMEOUT_SECONDS
+        return min(head, IDLE_TIMEOUT_SECONDS) if head > 0 else IDLE_TIMEOUT_SECONDS
 
     def _cancel_timer(self) -> None:
         self._deadline = None  # the armed timer, if any, finds nothing due

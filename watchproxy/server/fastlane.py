@@ -57,8 +57,10 @@ _LAST_CHUNK = b"0\r\n\r\n"
 _NO_BODY = frozenset({204, 304})
 # Admission decisions remembered, by (method, target, Host). A controller sends the same few
 # targets over and over, and deciding one anew (decoding its query, parsing its path, checking
-# the policy) was a tenth of the proxy's CPU per request. Bounded: cleared when full.
-ROUTE_MEMO_SIZE = 4096
+# the policy) was a tenth of the proxy's CPU per request. Bounded in entries and in the length
+# of a target it keeps (a client making up targets costs it about a megabyte at most).
+ROUTE_MEMO_SIZE = 1024
+ROUTE_MEMO_TARGET_CHARS = 512
 
 
 class ClientConnection(Protocol):
@@ -135,8 +137,8 @@ class FastLane:
         if head.body_length > handler.forwarder.max_body_bytes:
             return None  # aiohttp's path answers the 413
         headers = head.headers
-        if impersonates(headers):
-            # The policy's verdict then depends on every header name: decided each time.
+        if impersonates(headers) or len(head.target) > ROUTE_MEMO_TARGET_CHARS:
+            # An impersonating request's verdict depends on every header name: decided each time.
             return self._admitted(head)
         # Otherwise classify() reads only these (an Upgrade never reaches the fast lane), and
         # the handler's routing, which is fixed: the same key, the same decision.
