@@ -108,3 +108,17 @@ def test_any_plain_head_parses_to_what_was_sent(fields: list[tuple[str, str]], b
     assert parsed is not None
     assert parsed.head_length == len(raw) and parsed.body_length == len(body)
     assert [(n, v) for n, v in parsed.headers.items()][1:-1] == fields
+
+
+def test_a_kept_header_block_is_shared_read_only_and_each_request_line_still_checked() -> None:
+    lines = b"Host: 127.0.0.1\r\nUser-Agent: kept/1.0\r\nContent-Length: 2\r\n\r\n"
+    first = parse_request_head(b"PATCH /api/v1/namespaces/a/configmaps/x HTTP/1.1\r\n" + lines)
+    second = parse_request_head(b"POST /api/v1/namespaces/a/configmaps HTTP/1.1\r\n" + lines)
+    assert first is not None and second is not None
+    assert first.headers is second.headers and second.body_length == 2
+    assert (second.method, second.target) == ("POST", "/api/v1/namespaces/a/configmaps")
+    with pytest.raises(TypeError):
+        first.headers["Authorization"] = "Bearer x"  # type: ignore[index]
+    for line in (b"OPTIONS / HTTP/1.1", b"GET / HTTP/1.0", b"GET  / HTTP/1.1", b"GET x HTTP/1.1"):
+        with pytest.raises(NotSimple):
+            parse_request_head(line + b"\r\n" + lines)

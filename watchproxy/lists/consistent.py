@@ -100,11 +100,11 @@ class ConsistentLists:
     ) -> web.Response | None:
         """A continuation of a page 1 the hub answered, from its snapshot: no probe, the
         snapshot is the collection at the token's revision. Anything else goes upstream."""
-        token = decode_continue(query.continue_token or "")
-        if token is None:
-            return None
         cover = consistent_cover(self.hub, api_path, query, headers)
         if cover is None:
+            return None  # first: a busy controller pages with no shared watch to read from
+        token = decode_continue(query.continue_token or "")
+        if token is None:
             return None
         rv, start = token
         snapshot = self.snapshots.get(cover.shared, cover.namespace, rv)

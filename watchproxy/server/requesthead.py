@@ -14,10 +14,11 @@ Pure: bytes in, a value or an exception out.
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import NamedTuple
 
-from multidict import CIMultiDict
+from multidict import CIMultiDict, CIMultiDictProxy
 
 # aiohttp's own limits (its parser's max_line_size and max_field_size, max_headers): a line
 # over them is aiohttp's to refuse, with its own answer.
@@ -27,18 +28,21 @@ MAX_HEADERS = 128
 MAX_HEAD_BYTES = 65536
 
 SIMPLE_METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE"})
-# The whole head in one match: a plain request line, then header lines of a token, a colon and
-# printable ASCII or tab (no control characters, no obs-text, no folded lines), then the blank
-# line. One pass in C; anything else is for aiohttp.
-_HEAD = re.compile(
-    r"(GET|POST|PUT|PATCH|DELETE) (/[!-~]*) HTTP/1\.1\r\n"
-    r"((?:[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[\t -~]*\r\n)*)\r\n"
-)
+# A plain request line; then header lines of a token, a colon and printable ASCII or tab (no
+# control characters, no obs-text, no folded lines). Each a match in C; anything else is for
+# aiohttp.
+_REQUEST_LINE = re.compile(r"(GET|POST|PUT|PATCH|DELETE) (/[!-~]*) HTTP/1\.1")
+_HEADER_LINES = re.compile(r"(?:[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[\t -~]*\r\n)*")
 # A field's name and its value without the whitespace around it (greedy, so no backtracking
 # per character: the value runs to its last non-blank character).
 _FIELD = re.compile(r"([^:\r\n]+):[ \t]*((?:[^\r\n]*[^\r\n \t])?)[ \t]*\r\n")
 # Headers whose presence means a message the fast lane does not frame or answer itself.
 _NOT_SIMPLE_FIELDS = ("transfer-encoding", "upgrade", "expect", "te", "http2-settings")
+# A client sends the same header lines request after request (its User-Agent, Accept, often
+# the same Content-Length): the parse of a block of lines is kept, read-only, for the next.
+# Bounded in blocks and in the length of a block kept.
+HEADER_BLOCKS_KEPT = 512
+HEADER_BLOCK_CHARS_KEPT = 2048
 
 
 class NotSimple(Exception):
@@ -48,7 +52,7 @@ class NotSimple(Exception):
 class RequestHead(NamedTuple):
     method: str
     target: str  # the raw request target: path and query, as sent
-    headers: CIMultiDict[str]
+    headers: CIMultiDictProxy[str]  # read-only: a client's next request may share it
     head_length: int  # bytes up to and including the blank line
     body_length: int  # the declared Content-Length; 0 without one
 
@@ -69,12 +73,28 @@ def parse_request_head(buffer: bytes | bytearray) -> RequestHead | None:
             raise NotSimple("no end of head")
         return None
     text = buffer[: end + 4].decode("latin-1")
-    match = _HEAD.fullmatch(text)
-    if match is None:
+    line_end = text.find("\r\n")
+    line = _REQUEST_LINE.fullmatch(text, 0, line_end)
+    if line is None:
+        raise NotSimple("not a plain HTTP/1.1 request line")
+    method, target = line.groups()
+    if len(target) > MAX_LINE - 15:
+        raise NotSimple("over aiohttp's limits")
+    block = text[line_end + 2 : -2]  # the header lines, each with its CRLF
+    if len(block) > HEADER_BLOCK_CHARS_KEPT:
+        headers, length = _header_block.__wrapped__(block)
+    else:
+        headers, length = _header_block(block)
+    return RequestHead(method, target, headers, end + 4, length)
+
+
+@functools.lru_cache(maxsize=HEADER_BLOCKS_KEPT)
+def _header_block(block: str) -> tuple[CIMultiDictProxy[str], int]:
+    """The headers of a simple request's header lines, and its declared body length."""
+    if _HEADER_LINES.fullmatch(block) is None:
         raise NotSimple("not a plain HTTP/1.1 head")
-    method, target, block = match.groups()
     fields = _FIELD.findall(block)
-    if len(fields) > MAX_HEADERS or len(target) > MAX_LINE - 15:
+    if len(fields) > MAX_HEADERS:
         raise NotSimple("over aiohttp's limits")
     if len(block) > MAX_LINE and max(map(len, block.split("\r\n"))) > MAX_LINE:
         raise NotSimple("a header line over aiohttp's limit")
@@ -89,10 +109,10 @@ def parse_request_head(buffer: bytes | bytearray) -> RequestHead | None:
             raise NotSimple("a connection that ends or changes protocol")
     lengths = headers.getall("content-length", ())
     if not lengths:
-        return RequestHead(method, target, headers, end + 4, 0)
+        return CIMultiDictProxy(headers), 0
     if len(lengths) > 1 or not lengths[0].isdigit() or len(lengths[0]) > 15:
         raise NotSimple("a Content-Length to check")
-    return RequestHead(method, target, headers, end + 4, int(lengths[0]))
+    return CIMultiDictProxy(headers), int(lengths[0])
 
 
 def _keeps_alive(value: str) -> bool:
