@@ -5,7 +5,9 @@
 Against a real kube-apiserver + etcd (``tests/realapi/bin/kubetestenv``), N workers of
 ``bench/gocontroller`` loop over GET / merge-PATCH / LIST limit=5 / LIST in pages of 2 / CREATE
 / DELETE at full speed, once per mode in each round: direct, watchproxy with its defaults
-(``watchproxy run``), and ``kubectl proxy``. Printed per cell: requests per second, p50 and p99,
+(``watchproxy run``, built as the image builds it: ``--build compiled``, the default, runs the
+modules ``setup.py`` compiles with mypyc; ``--build source`` runs this tree's Python), and
+``kubectl proxy``. Printed per cell: requests per second, p50 and p99,
 errors, and the CPU of every process (apiserver, proxy, load generator) as a share of one
 core, so that the machine's own limit shows.
 
@@ -35,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.gobuild import go_binary
+from tests import compiledtree
 from tests.realapi.fixture import RealApiServer, start_kubetestenv
 
 NAMESPACE = "default"
@@ -177,8 +180,14 @@ def wait_http(url: str, what: str, log: Path, timeout: float = 60.0) -> None:
 
 
 @contextlib.contextmanager
-def proxies(kubeconfig: str, workdir: Path) -> Iterator[dict[str, tuple[str, Process]]]:
-    """watchproxy (defaults) and kubectl proxy before ``kubeconfig``: mode -> (url, process)."""
+def proxies(
+    kubeconfig: str, workdir: Path, compiled: Path | None = None
+) -> Iterator[dict[str, tuple[str, Process]]]:
+    """watchproxy (defaults; ``compiled``: the compiled copy of the tree to run, else this
+    tree) and kubectl proxy before ``kubeconfig``: mode -> (url, process)."""
+    # Run from the copy, with it first on PYTHONPATH: `python -m` puts its working directory
+    # ahead of PYTHONPATH, so from this tree it would import this tree's source.
+    env = compiledtree.environment(compiled) if compiled is not None else None
     port, admin = free_port(), free_port()
     kport = free_port()
     with (
@@ -188,7 +197,8 @@ def proxies(kubeconfig: str, workdir: Path) -> Iterator[dict[str, tuple[str, Pro
         watchproxy = subprocess.Popen(
             [sys.executable, "-m", "watchproxy", "run", "--kubeconfig", kubeconfig,
              "--listen-port", str(port), "--admin-port", str(admin), "--log-level", "warning"],
-            stdin=subprocess.DEVNULL, stdout=watchproxy_log, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, stdout=watchproxy_log, stderr=subprocess.STDOUT, env=env,
+            cwd=compiled,
         )  # fmt: skip
         kubectl = subprocess.Popen(
             ["kubectl", "proxy", f"--port={kport}", f"--kubeconfig={kubeconfig}"],
@@ -196,6 +206,9 @@ def proxies(kubeconfig: str, workdir: Path) -> Iterator[dict[str, tuple[str, Pro
         )  # fmt: skip
     try:
         wait_http(f"http://127.0.0.1:{admin}/readyz", "watchproxy", workdir / "watchproxy.log")
+        maps = Path(f"/proc/{watchproxy.pid}/maps").read_text()
+        if compiled is not None and "__mypyc" not in maps:
+            raise SystemExit("bench.controller: watchproxy did not load its compiled modules")
         wait_http(f"http://127.0.0.1:{kport}/version", "kubectl proxy", workdir / "kubectl.log")
         yield {
             "watchproxy": (f"http://127.0.0.1:{port}", Process("watchproxy", watchproxy)),
@@ -338,11 +351,19 @@ def main() -> None:
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--pushback", action="store_true", help="second phase: APF rejects")
     parser.add_argument(
+        "--build",
+        choices=("compiled", "source"),
+        default="compiled",
+        help="watchproxy as the image ships it (mypyc, tests.compiledtree) or this tree's source",
+    )
+    parser.add_argument(
         "--limits", action="store_true", help="print watchproxy's upstream limit after each cell"
     )
     a = parser.parse_args()
     binary = go_binary("gocontroller")
     modes = a.modes.split(",")
+    compiled = compiledtree.build() if a.build == "compiled" else None
+    print(f"watchproxy build: {a.build}")
     with tempfile.TemporaryDirectory(prefix="bench-controller-") as tmp:
         workdir = Path(tmp)
         server = start_kubetestenv(workdir / "api")
@@ -359,7 +380,7 @@ def main() -> None:
             else:
                 token_file.write_text(server.token)
             apiserver = Process("apiserver", server.process)
-            with proxies(kubeconfig, workdir) as fronts:
+            with proxies(kubeconfig, workdir, compiled) as fronts:
                 cells: list[Cell] = []
                 for _round in range(a.rounds):
                     for n in (int(x) for x in a.workers.split(",")):

@@ -66,7 +66,8 @@ build() {
     if [ -n "$ca" ] && [ -f "$ca" ]; then
         volume=(--volume "$ca:/etc/ssl/certs/ca-certificates.crt:ro")
     fi
-    buildah bud --quiet --isolation=chroot "${volume[@]}" \
+    # --layers: the builder's compiler (apt) is kept from one build to the next.
+    buildah bud --quiet --layers --isolation=chroot "${volume[@]}" \
         --build-arg PYTHON_IMAGE="$BASE_IMAGE" --build-arg VERSION="$VERSION" \
         --tag "$IMAGE" . >/dev/null
     echo "$IMAGE $(size) bytes"

@@ -28,8 +28,9 @@ from watchproxy.server.admin import build_admin_app
 from watchproxy.server.api import ApiHandler, build_api_app
 from watchproxy.server.connection import IDLE_TIMEOUT_SECONDS
 from watchproxy.server.fastlane import FastLane
-from watchproxy.server.listener import ConnectionGuard, status_server_factory
+from watchproxy.server.listener import ConnectionGuard
 from watchproxy.server.passthrough import Forwarder
+from watchproxy.server.statushandler import status_server_factory
 from watchproxy.server.upgrade import UpgradeRelay
 from watchproxy.server.watchsink import HubEndpoint
 from watchproxy.upstream.client import Upstream

@@ -203,7 +203,7 @@ class AdaptiveLimit:
             LimitReason.LATENCY: s.latency_factor,
         }.get(reason, s.overloaded_factor)
         if reason is not LimitReason.LATENCY:
-            self._ceiling = self._limit
+            self._ceiling = float(self._limit)  # a float attribute (inf: no ceiling)
             self._ceiling_until = now + s.probe_hold_seconds
         self._limit = max(s.minimum, int(self._limit * factor))
         self._credit = 0

@@ -9,11 +9,10 @@ sleep are injectable. It hands its budget out in turn between clients with the f
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable
 
 from watchproxy.errors import TooManyRequests
 from watchproxy.policy.adaptive import AdaptiveLimit, Outcome
@@ -126,17 +125,19 @@ class UpstreamLimiter:
         """Flows with requests waiting for a token or a concurrency slot."""
         return self._queue.waiting_flows
 
-    @contextlib.asynccontextmanager
-    async def slot(
-        self, max_wait: float | _Default | None = _Default.MAX_WAIT
-    ) -> AsyncIterator[float]:
-        """Wait for admission, run the block, free the concurrency slot afterwards.
+    def slot(self, max_wait: float | _Default | None = _Default.MAX_WAIT) -> Slot:
+        """Wait for admission, run the block, free the concurrency slot afterwards:
+        ``async with limiter.slot() as waited: ...``.
 
         ``max_wait`` defaults to the constructor's; pass None to wait however long it takes.
         The request is charged to the current :func:`flow`. The block gets the seconds it
         waited for admission (0.0 when it did not have to wait: the time the caller was merely
         not scheduled is no wait of the limiter's).
         """
+        return Slot(self, max_wait)
+
+    async def _enter(self, max_wait: float | _Default | None) -> float:
+        """:class:`Slot`'s admission: returns once the block may run, holding the slot."""
         budget = self.default_max_wait if isinstance(max_wait, _Default) else max_wait
         started = self.clock()
         waited = await self._wait_for_gate(started, budget)
@@ -153,11 +154,7 @@ class UpstreamLimiter:
             self.throttled_total += 1
             self.waited_seconds_total += wait_seconds
         self.in_flight += 1
-        try:
-            yield wait_seconds
-        finally:
-            self.in_flight -= 1
-            self._release()
+        return wait_seconds
 
     def admit_now(self) -> bool:
         """:meth:`slot`'s admission when nothing stands in the way (no Retry-After, a token and a
@@ -352,3 +349,20 @@ class UpstreamLimiter:
         raise TooManyRequests(
             f"too many requests: {why}, retry in {retry_after:.1f}s", retry_after=retry_after
         )
+
+
+class Slot:
+    """The block of one :meth:`UpstreamLimiter.slot` admission (a class, not a generator-based
+    context manager: mypyc compiles this module, and it has no async generators)."""
+
+    __slots__ = ("_limiter", "_max_wait")
+
+    def __init__(self, limiter: UpstreamLimiter, max_wait: float | _Default | None) -> None:
+        self._limiter = limiter
+        self._max_wait = max_wait
+
+    async def __aenter__(self) -> float:
+        return await self._limiter._enter(self._max_wait)
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self._limiter.release()

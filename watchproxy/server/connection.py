@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any, Final, Literal, cast
+from typing import TYPE_CHECKING, Final, Literal, cast
 
 from watchproxy.errors import status_bytes
 from watchproxy.server.requesthead import NotSimple, RequestHead, parse_request_head
@@ -70,7 +70,7 @@ class GuardedProtocol(asyncio.Protocol):
         self._state: State | None = None
         self._got_bytes = False
         self._shed = False
-        loop = asyncio.get_running_loop()
+        self._loop = loop = asyncio.get_running_loop()  # once: each lookup is a getpid() on 3.11
         self.lost: asyncio.Future[None] = loop.create_future()
         self.remote = ""
         self._mode = _SNIFF if guard.fast_lane is not None else _ALL
@@ -83,9 +83,6 @@ class GuardedProtocol(asyncio.Protocol):
         # Counted from here, not from connection_made: the loop may accept a whole batch of
         # connections (calling this factory for each) before any of them is "made".
         self._move("head")
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
 
     def _move(self, state: State | None) -> None:
         if state != self._state:
@@ -150,7 +147,7 @@ class GuardedProtocol(asyncio.Protocol):
     def pause_writing(self) -> None:
         self._inner.pause_writing()
         if self._writable is None:
-            self._writable = asyncio.get_running_loop().create_future()
+            self._writable = self._loop.create_future()
 
     def resume_writing(self) -> None:
         self._inner.resume_writing()
@@ -185,7 +182,7 @@ class GuardedProtocol(asyncio.Protocol):
             del self._buffer[:end]
             self._admitted = None
             self._mode = _FAST
-            self._task = asyncio.get_running_loop().create_task(self._serve(head, route, body))
+            self._task = self._loop.create_task(self._serve(head, route, body))
             self._guard.fast_tasks.add(self._task)
 
     def _delegate_one(self, length: int) -> None:
@@ -286,12 +283,11 @@ class GuardedProtocol(asyncio.Protocol):
         if timeout <= 0:
             self._deadline = None
             return
-        loop = asyncio.get_running_loop()
-        self._deadline = loop.time() + timeout
+        loop = self._loop
+        now = loop.time()
+        self._deadline = now + timeout
         if self._timer is None:
-            self._timer = loop.call_at(
-                min(self._deadline, loop.time() + self._recheck()), self._timed_out
-            )
+            self._timer = loop.call_at(min(self._deadline, now + self._recheck()), self._timed_out)
 
     def _recheck(self) -> float:
         """How far ahead the timer is armed at most: the shorter of the two deadlines."""
@@ -312,7 +308,7 @@ class GuardedProtocol(asyncio.Protocol):
         deadline = self._deadline
         if deadline is None:
             return  # cleared since: the next deadline arms a timer again
-        loop = asyncio.get_running_loop()
+        loop = self._loop
         now = loop.time()
         if now < deadline:
             self._timer = loop.call_at(min(deadline, now + self._recheck()), self._timed_out)

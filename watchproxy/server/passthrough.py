@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator
 
 import aiohttp
 from aiohttp import web
@@ -37,30 +36,37 @@ async def read_body(request: web.Request, limit: int) -> bytes | StreamedBody | 
         return await _whole(request, limit)
     if length > limit:
         raise PayloadTooLarge(f"request body of {length} bytes exceeds {limit}")
-    return StreamedBody(_parts(request, limit), length)
+    return StreamedBody(_BodyParts(request, limit), length)
 
 
 async def _whole(request: web.Request, limit: int) -> bytes:
-    chunks = [chunk async for chunk in _parts(request, limit)]
+    chunks = [chunk async for chunk in _BodyParts(request, limit)]
     return b"".join(chunks)
 
 
-async def _parts(request: web.Request, limit: int) -> AsyncIterator[bytes]:
-    # A body that breaks off is the client's doing: it must not read as an upstream failure
-    # (which would count against the apiserver's health and the adaptive limit).
-    size = 0
-    chunks = request.content.iter_any()
-    while True:
+class _BodyParts:
+    """A client's request body as it arrives, at most ``limit`` bytes (an iterator class, not an
+    async generator: mypyc compiles this module, and it has no async generators)."""
+
+    def __init__(self, request: web.Request, limit: int) -> None:
+        self._chunks = request.content.iter_any()
+        self._limit = limit
+        self._size = 0
+
+    def __aiter__(self) -> _BodyParts:
+        return self
+
+    async def __anext__(self) -> bytes:
+        # A body that breaks off is the client's doing: it must not read as an upstream failure
+        # (which would count against the apiserver's health and the adaptive limit).
         try:
-            chunk = await chunks.__anext__()
-        except StopAsyncIteration:
-            return
+            chunk = await self._chunks.__anext__()
         except (aiohttp.ClientError, ConnectionError) as error:
             raise BadRequest(f"the request body broke off: {type(error).__name__}") from None
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"request body exceeds {limit} bytes")
-        yield chunk
+        self._size += len(chunk)
+        if self._size > self._limit:
+            raise PayloadTooLarge(f"request body exceeds {self._limit} bytes")
+        return chunk
 
 
 class Forwarder:

@@ -61,6 +61,10 @@ CLOSE_WAIT_SECONDS = 2.0
 # the Status message, which says what is wrong and when watchproxy checks again.
 RETRY_AFTER = 1.0
 
+# Failures of a dial, which the dialer reports itself. A tuple at module level: mypyc compiles
+# `name = A | B` inside a function as a type alias and never assigns the local.
+_DIAL_ERRORS = (aiohttp.ClientConnectorError, UpstreamDown, DialFailed)
+
 
 async def _exchange(
     transports: Transports,
@@ -162,8 +166,7 @@ class Upstream:
         """This request got no answer. A failed dial was already reported (by the connector,
         or by the caller: ``dial_reported``); an established connection that broke only raises
         a suspicion."""
-        connector_error = aiohttp.ClientConnectorError | UpstreamDown | DialFailed
-        if not dial_reported and not isinstance(error, connector_error):
+        if not dial_reported and not isinstance(error, _DIAL_ERRORS):
             self._suspect(describe(error))
         return UpstreamUnavailable(
             f"the apiserver did not answer: {describe(error)}", retry_after=RETRY_AFTER

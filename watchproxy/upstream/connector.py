@@ -121,7 +121,7 @@ class SerialConnector(aiohttp.TCPConnector):
 
     async def dial(
         self,
-        factory: Callable[[], asyncio.Protocol],
+        factory: Callable[[], asyncio.BaseProtocol],
         host: str,
         port: int,
         ssl_context: ssl.SSLContext | None,

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import abc
 import asyncio
-from collections.abc import AsyncGenerator
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Protocol
 
 import aiohttp
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -51,7 +51,7 @@ class UpstreamResponse(abc.ABC):
         """The rest of the body."""
 
     @abc.abstractmethod
-    def chunks(self) -> AsyncGenerator[bytes, None]:
+    def chunks(self) -> Chunks:
         """The rest of the body, as it arrives."""
 
     @abc.abstractmethod
@@ -67,6 +67,86 @@ def _broken(error: BaseException | str) -> UpstreamUnavailable:
 
 def _silent(read_timeout: float | None) -> UpstreamTimeout:
     return UpstreamTimeout(f"the upstream answer sent nothing for {read_timeout}s")
+
+
+class Chunks(Protocol):
+    """A body's parts as they arrive; ``aclose`` stops reading early (the answer's owner still
+    ends the answer). Iterator classes, not async generators: mypyc compiles this module."""
+
+    def __aiter__(self) -> Chunks: ...
+
+    async def __anext__(self) -> bytes: ...
+
+    async def aclose(self) -> None: ...
+
+
+class _PooledChunks:
+    __slots__ = ("_connection", "_read_timeout")
+
+    def __init__(self, connection: PooledConnection, read_timeout: float | None) -> None:
+        self._connection: PooledConnection | None = connection
+        self._read_timeout = read_timeout
+
+    def __aiter__(self) -> _PooledChunks:
+        return self
+
+    async def __anext__(self) -> bytes:
+        connection = self._connection
+        if connection is None:
+            raise StopAsyncIteration
+        # The failure is raised after the ``except``, so that nothing keeps the exception it
+        # replaces (and its traceback) alive.
+        failure: BaseException | None = None
+        try:
+            async with asyncio.timeout(self._read_timeout):
+                chunk = await connection.next_chunk()
+        except Broken as error:
+            failure = _broken(error)
+        except TimeoutError:
+            failure = _silent(self._read_timeout)
+        if failure is not None:
+            self._connection = None
+            raise failure
+        if chunk is None:
+            self._connection = None
+            raise StopAsyncIteration
+        return chunk
+
+    async def aclose(self) -> None:
+        self._connection = None
+
+
+class _StreamChunks:
+    __slots__ = ("_iterator",)
+
+    def __init__(self, iterator: AsyncIterator[bytes]) -> None:
+        self._iterator: AsyncIterator[bytes] | None = iterator
+
+    def __aiter__(self) -> _StreamChunks:
+        return self
+
+    async def __anext__(self) -> bytes:
+        iterator = self._iterator
+        if iterator is None:
+            raise StopAsyncIteration
+        # The failure becomes a message inside the ``except`` and is raised after it, so the
+        # aiohttp exception, its traceback and the connection it holds are released before
+        # anyone awaits anything.
+        failure: BaseException | None = None
+        try:
+            return await iterator.__anext__()
+        except StopAsyncIteration:
+            self._iterator = None
+            raise
+        except TimeoutError:
+            failure = UpstreamTimeout("the upstream stream stopped sending")
+        except (aiohttp.ClientError, OSError) as error:
+            failure = _broken(_describe_read(error))
+        self._iterator = None
+        raise failure
+
+    async def aclose(self) -> None:
+        self._iterator = None
 
 
 class PooledAnswer(UpstreamResponse):
@@ -96,23 +176,10 @@ class PooledAnswer(UpstreamResponse):
     async def read(self) -> bytes:
         return b"".join([chunk async for chunk in self.chunks()])
 
-    async def chunks(self) -> AsyncGenerator[bytes, None]:
+    def chunks(self) -> Chunks:
         connection = self._connection
         assert connection is not None, "read after release"
-        failure: BaseException | None = None
-        try:
-            while True:
-                async with asyncio.timeout(self._read_timeout):
-                    chunk = await connection.next_chunk()
-                if chunk is None:
-                    return
-                yield chunk
-        except Broken as error:
-            failure = _broken(error)
-        except TimeoutError:
-            failure = _silent(self._read_timeout)
-        assert failure is not None
-        raise failure
+        return _PooledChunks(connection, self._read_timeout)
 
     def release(self) -> None:
         """A connection whose answer was read to its end goes back to the pool (bytes of the
@@ -151,21 +218,8 @@ class StreamAnswer(UpstreamResponse):
             failure = _broken(_describe_read(error))
         raise failure
 
-    async def chunks(self) -> AsyncGenerator[bytes, None]:
-        # The failure becomes a message inside the ``except`` and is raised after it, so the
-        # aiohttp exception, its traceback and the connection it holds are released before
-        # anyone awaits anything.
-        failure: BaseException | None = None
-        iterator = self._response.content.iter_any()
-        try:
-            async for chunk in iterator:
-                yield chunk
-        except TimeoutError:
-            failure = UpstreamTimeout("the upstream stream stopped sending")
-        except (aiohttp.ClientError, OSError) as error:
-            failure = _broken(_describe_read(error))
-        if failure is not None:
-            raise failure
+    def chunks(self) -> Chunks:
+        return _StreamChunks(self._response.content.iter_any())
 
     def release(self) -> None:
         self._response.release()

@@ -1,0 +1,51 @@
+"""Compiles the per-request modules with mypyc when ``WATCHPROXY_COMPILE=1``; pure otherwise.
+
+Everything else about the package is in ``pyproject.toml``. Why these modules: a busy
+controller's requests spend most of the proxy's CPU in the Python of the fast lane, the pooled
+upstream connection and the limiter (``bench/README.md``, "Compiled"), and compiled they cost
+about a fifth less CPU per request. Each must stay compilable: ``scripts/compiled-tree.sh``
+builds them, and the suite's compiled tier runs against the result.
+"""
+
+import os
+
+from setuptools import setup
+
+# Kept in one place: scripts/compiled-tree.sh and tests/unit/test_compiled.py read it from here.
+COMPILED_MODULES = [
+    "watchproxy/kube/headers.py",
+    "watchproxy/lists/batch.py",
+    "watchproxy/lists/consistent.py",
+    "watchproxy/lists/cover.py",
+    "watchproxy/metrics.py",
+    "watchproxy/metricsbase.py",
+    "watchproxy/policy/adaptive.py",
+    "watchproxy/policy/clientlimits.py",
+    "watchproxy/policy/fairqueue.py",
+    "watchproxy/policy/ratelimit.py",
+    "watchproxy/policy/retryafter.py",
+    "watchproxy/policy/tokenbucket.py",
+    "watchproxy/server/api.py",
+    "watchproxy/server/clientgone.py",
+    "watchproxy/server/connection.py",
+    "watchproxy/server/fastlane.py",
+    "watchproxy/server/listener.py",
+    "watchproxy/server/passthrough.py",
+    "watchproxy/server/requesthead.py",
+    "watchproxy/server/routes.py",
+    "watchproxy/upstream/client.py",
+    "watchproxy/upstream/connectivity.py",
+    "watchproxy/upstream/http1.py",
+    "watchproxy/upstream/pool.py",
+    "watchproxy/upstream/response.py",
+    "watchproxy/upstream/target.py",
+    "watchproxy/upstream/transports.py",
+]
+
+ext_modules = []
+if os.environ.get("WATCHPROXY_COMPILE") == "1":
+    from mypyc.build import mypycify
+
+    ext_modules = mypycify(COMPILED_MODULES, opt_level="3")
+
+setup(ext_modules=ext_modules)
