@@ -206,8 +206,10 @@ def proxies(
         )  # fmt: skip
     try:
         wait_http(f"http://127.0.0.1:{admin}/readyz", "watchproxy", workdir / "watchproxy.log")
-        maps = Path(f"/proc/{watchproxy.pid}/maps").read_text()
-        if compiled is not None and "__mypyc" not in maps:
+        if (
+            compiled is not None
+            and "__mypyc" not in Path(f"/proc/{watchproxy.pid}/maps").read_text()
+        ):
             raise SystemExit("bench.controller: watchproxy did not load its compiled modules")
         wait_http(f"http://127.0.0.1:{kport}/version", "kubectl proxy", workdir / "kubectl.log")
         yield {

@@ -18,7 +18,9 @@ a new copy: one in use is never changed (the three newest copies are kept).
 
 from __future__ import annotations
 
+import ast
 import hashlib
+import importlib.metadata
 import os
 import shutil
 import subprocess
@@ -35,12 +37,15 @@ _LINKED = ("bin", "node_modules")
 
 def compiled_modules() -> list[str]:
     """``setup.py``'s list, as module names (``watchproxy.upstream.pool``)."""
-    namespace: dict[str, object] = {}
-    source = (ROOT / "setup.py").read_text()
-    exec(compile(source.split("ext_modules = []")[0], "setup.py", "exec"), namespace)
-    paths = namespace["COMPILED_MODULES"]
-    assert isinstance(paths, list)
-    return [str(path).removesuffix(".py").replace("/", ".") for path in paths]
+    tree = ast.parse((ROOT / "setup.py").read_text(), "setup.py")
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(target, ast.Name) and target.id == "COMPILED_MODULES"
+            for target in node.targets
+        ):
+            paths = ast.literal_eval(node.value)
+            return [str(path).removesuffix(".py").replace("/", ".") for path in paths]
+    raise AssertionError("setup.py has no COMPILED_MODULES list")
 
 
 def _git_files(*options: str) -> list[str]:
@@ -53,10 +58,7 @@ def _git_files(*options: str) -> list[str]:
 def _digest(files: list[str], *, code_only: bool) -> str:
     """The digest of ``files``' paths and contents (``code_only``: those mypyc reads), and of
     mypy's version."""
-    mypy = subprocess.run(
-        [sys.executable, "-m", "mypy", "--version"], check=True, capture_output=True, text=True
-    ).stdout
-    digest = hashlib.sha256(mypy.encode())
+    digest = hashlib.sha256(importlib.metadata.version("mypy").encode())
     for name in sorted(files):
         if not code_only or name.startswith("watchproxy/") or name == "setup.py":
             digest.update(name.encode() + b"\0" + (ROOT / name).read_bytes() + b"\0")
