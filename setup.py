@@ -13,7 +13,10 @@ from setuptools import setup
 
 # Kept in one place: scripts/compiled-tree.sh and tests/unit/test_compiled.py read it from here.
 COMPILED_MODULES = [
+    "watchproxy/kube/fieldselectors.py",
     "watchproxy/kube/headers.py",
+    "watchproxy/kube/selectors.py",
+    "watchproxy/kube/watchquery.py",
     "watchproxy/lists/batch.py",
     "watchproxy/lists/consistent.py",
     "watchproxy/lists/cover.py",

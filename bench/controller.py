@@ -9,7 +9,9 @@ Against a real kube-apiserver + etcd (``tests/realapi/bin/kubetestenv``), N work
 modules ``setup.py`` compiles with mypyc; ``--build source`` runs this tree's Python), and
 ``kubectl proxy``. Printed per cell: requests per second, p50 and p99,
 errors, and the CPU of every process (apiserver, proxy, load generator) as a share of one
-core, so that the machine's own limit shows.
+core, so that the machine's own limit shows; after the slash, how long the process's threads
+were ready to run but waited for a core (from ``/proc/PID/task/*/schedstat``), also as a share
+of one core: latency that no process spent.
 
 ``--pushback`` adds the second phase: the workers act as a ServiceAccount whose requests the
 apiserver's API Priority and Fairness puts in a priority level of one nominal share that rejects
@@ -44,6 +46,10 @@ NAMESPACE = "default"
 CONFIGMAPS = f"/api/v1/namespaces/{NAMESPACE}/configmaps"
 BENCH_SA = "bench-controller"
 MODES = ("direct", "watchproxy", "kubectl")
+# etcd compacted as kube-apiserver's default does, every 5 minutes. The test fixture's 4 s lets
+# tests see a compaction soon; here it ended every paged LIST that outlasted 4-8 s in 410
+# Expired, through whichever front, and a page waits longest when the apiserver pushes back.
+COMPACTION = ("-compaction-interval", "5m")
 
 
 def free_port() -> int:
@@ -56,6 +62,17 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU of a running process, from /proc."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def runnable_waiting_seconds(pid: int) -> float:
+    """Time the process's threads were ready to run but waited for a core (schedstat's second
+    field, summed over threads): on a machine with fewer cores than busy threads this is where
+    latency goes that no process spends."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError):  # a thread that just ended
+            total += int((task / "schedstat").read_text().split()[1])
+    return total / 1e9
 
 
 class Api:
@@ -163,6 +180,9 @@ class Process:
     def cpu(self) -> float:
         return cpu_seconds(self.popen.pid)
 
+    def waiting(self) -> float:
+        return runnable_waiting_seconds(self.popen.pid)
+
 
 def wait_http(url: str, what: str, log: Path, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
@@ -181,10 +201,11 @@ def wait_http(url: str, what: str, log: Path, timeout: float = 60.0) -> None:
 
 @contextlib.contextmanager
 def proxies(
-    kubeconfig: str, workdir: Path, compiled: Path | None = None
+    kubeconfig: str, workdir: Path, compiled: Path | None = None, settings: tuple[str, ...] = ()
 ) -> Iterator[dict[str, tuple[str, Process]]]:
-    """watchproxy (defaults; ``compiled``: the compiled copy of the tree to run, else this
-    tree) and kubectl proxy before ``kubeconfig``: mode -> (url, process)."""
+    """watchproxy (defaults, but for ``settings``: ``--set`` values; ``compiled``: the compiled
+    copy of the tree to run, else this tree) and kubectl proxy before ``kubeconfig``:
+    mode -> (url, process)."""
     # Run from the copy, with it first on PYTHONPATH: `python -m` puts its working directory
     # ahead of PYTHONPATH, so from this tree it would import this tree's source.
     env = compiledtree.environment(compiled) if compiled is not None else None
@@ -196,7 +217,8 @@ def proxies(
     ):
         watchproxy = subprocess.Popen(
             [sys.executable, "-m", "watchproxy", "run", "--kubeconfig", kubeconfig,
-             "--listen-port", str(port), "--admin-port", str(admin), "--log-level", "warning"],
+             "--listen-port", str(port), "--admin-port", str(admin), "--log-level", "warning",
+             *(arg for value in settings for arg in ("--set", value))],
             stdin=subprocess.DEVNULL, stdout=watchproxy_log, stderr=subprocess.STDOUT, env=env,
             cwd=compiled,
         )  # fmt: skip
@@ -237,20 +259,28 @@ class Cell:
     errors: dict[str, int]
     retried: int  # 429s the clients retried
     cpu: dict[str, float]  # process -> share of one core
+    waiting: dict[str, float]  # process -> seconds per second its threads waited for a core
+    verbs: dict[str, dict[str, float]]  # verb -> requests, p50_ms, p99_ms
     rejected: float = 0.0  # 429s the apiserver issued in this cell
 
 
 def run_cell(
     binary: Path, mode: str, url: str, workers: int, seconds: float, *, token_file: str | None,
-    ca: str | None, watched: dict[str, Process], api: Api | None,
+    ca: str | None, watched: dict[str, Process], api: Api | None, trace: Path | None = None,
+    hot_object: bool = False,
 ) -> Cell:  # fmt: skip
     args = [str(binary), "-url", url, "-workers", str(workers), "-seconds", str(seconds)]
+    if hot_object:
+        args.append("-hot-object")
+    if trace is not None:
+        args += ["-trace", str(trace)]
     if token_file:
         args += ["-token-file", token_file]
     if ca:
         args += ["-ca", ca]
     rejected_before = api.metric("apiserver_flowcontrol_rejected_requests_total") if api else 0.0
     before = {name: p.cpu() for name, p in watched.items()}
+    waiting_before = {name: p.waiting() for name, p in watched.items()}
     started = time.monotonic()
     load = subprocess.Popen(args, stdout=subprocess.PIPE)
     assert load.stdout is not None
@@ -264,6 +294,7 @@ def run_cell(
     result = json.loads(out)
     cpu = {name: (p.cpu() - before[name]) / elapsed for name, p in watched.items()}
     cpu["load"] = (usage.ru_utime + usage.ru_stime) / elapsed
+    waiting = {name: (p.waiting() - waiting_before[name]) / elapsed for name, p in watched.items()}
     rejected = (
         api.metric("apiserver_flowcontrol_rejected_requests_total") - rejected_before
         if api
@@ -271,7 +302,7 @@ def run_cell(
     )
     return Cell(
         mode, workers, result["per_second"], result["p50_ms"], result["p99_ms"],
-        result["errors"], result["retried_429"], cpu, rejected,
+        result["errors"], result["retried_429"], cpu, waiting, result["verbs"], rejected,
     )  # fmt: skip
 
 
@@ -301,11 +332,14 @@ def limiter_state(admin_url: str) -> str:
     return "; ".join(lines)
 
 
-def report(cells: list[Cell], *, pushback: bool) -> None:
+def report(cells: list[Cell], *, pushback: bool, verbs: bool = False) -> None:
     by: dict[tuple[str, int], list[Cell]] = {}
     for cell in cells:
         by.setdefault((cell.mode, cell.workers), []).append(cell)
-    header = "mode        N   req/s   p50 ms  p99 ms  errors                 CPU (share of a core)"
+    header = (
+        "mode        N   req/s   p50 ms  p99 ms  errors                 "
+        "CPU/waiting for a core (share of one)"
+    )
     print(header + ("  retried 429s / apiserver 429s" if pushback else ""))
     workers = sorted({c.workers for c in cells})
     for n in workers:
@@ -324,6 +358,11 @@ def report(cells: list[Cell], *, pushback: bool) -> None:
                     errors[k] = errors.get(k, 0) + v
             cpu = " ".join(
                 f"{name} {100 * statistics.median(c.cpu.get(name, 0.0) for c in group):.0f}%"
+                + (
+                    f"/{100 * statistics.median(c.waiting[name] for c in group):.0f}%"
+                    if name in group[0].waiting
+                    else ""
+                )
                 for name in sorted({k for c in group for k in c.cpu})
             )
             line = f"{mode:<10} {n:>3} {rps:>7.0f} {p50:>8.2f} {p99:>7.2f}  "
@@ -331,6 +370,12 @@ def report(cells: list[Cell], *, pushback: bool) -> None:
             if pushback:
                 line += f"  {sum(c.retried for c in group)} / {sum(c.rejected for c in group):.0f}"
             print(line)
+            if verbs:
+                print("    p50/p99 ms: " + "  ".join(
+                    f"{verb} {statistics.median(c.verbs[verb]['p50_ms'] for c in group):.1f}"
+                    f"/{statistics.median(c.verbs[verb]['p99_ms'] for c in group):.1f}"
+                    for verb in sorted(group[0].verbs)
+                ))  # fmt: skip
         if {"direct", "watchproxy", "kubectl"} <= medians.keys():
             d, w, k = medians["direct"], medians["watchproxy"], medians["kubectl"]
             print(
@@ -361,14 +406,42 @@ def main() -> None:
     parser.add_argument(
         "--limits", action="store_true", help="print watchproxy's upstream limit after each cell"
     )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="a watchproxy setting other than its default (repeatable; the figures then are not "
+        "those of the defaults)",
+    )
+    parser.add_argument(
+        "--verbs", action="store_true", help="print p50/p99 per verb under each mode's line"
+    )
+    parser.add_argument(
+        "--hot-object",
+        action="store_true",
+        help="every worker GETs and PATCHes one shared configmap (the workload before "
+        "2026-12-06; the apiserver's conflict retries on it set the p99) instead of its own",
+    )
+    parser.add_argument(
+        "--trace",
+        type=Path,
+        metavar="DIR",
+        help="write every request of each cell (start, duration, verb) to "
+        "DIR/MODE-N-ROUND.jsonl, to see when the slow ones came",
+    )
     a = parser.parse_args()
     binary = go_binary("gocontroller")
     modes = a.modes.split(",")
     compiled = compiledtree.build() if a.build == "compiled" else None
-    print(f"watchproxy build: {a.build}")
+    print(
+        f"watchproxy build: {a.build}"
+        + "".join(f"; --set {v}" for v in a.set)
+        + ("; hot object" if a.hot_object else "")
+    )
     with tempfile.TemporaryDirectory(prefix="bench-controller-") as tmp:
         workdir = Path(tmp)
-        server = start_kubetestenv(workdir / "api")
+        server = start_kubetestenv(workdir / "api", extra=COMPACTION)
         try:
             api = Api(server)
             seed(api)
@@ -382,9 +455,11 @@ def main() -> None:
             else:
                 token_file.write_text(server.token)
             apiserver = Process("apiserver", server.process)
-            with proxies(kubeconfig, workdir, compiled) as fronts:
+            with proxies(kubeconfig, workdir, compiled, tuple(a.set)) as fronts:
                 cells: list[Cell] = []
-                for _round in range(a.rounds):
+                if a.trace:
+                    a.trace.mkdir(parents=True, exist_ok=True)
+                for round_ in range(a.rounds):
                     for n in (int(x) for x in a.workers.split(",")):
                         for mode in modes:
                             watched = {"apiserver": apiserver}
@@ -398,11 +473,14 @@ def main() -> None:
                                 run_cell(
                                     binary, mode, url, n, a.seconds, token_file=token, ca=ca,
                                     watched=watched, api=api if a.pushback else None,
+                                    trace=a.trace / f"{mode}-{n}-{round_}.jsonl"
+                                    if a.trace else None,
+                                    hot_object=a.hot_object,
                                 )
                             )  # fmt: skip
                             if mode == "watchproxy" and a.limits:
                                 print(f"N={n}: {limiter_state(fronts['watchproxy-admin'][0])}")
-            report(cells, pushback=a.pushback)
+            report(cells, pushback=a.pushback, verbs=a.verbs)
         finally:
             server.stop()
 

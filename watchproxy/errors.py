@@ -11,7 +11,7 @@ resourceVersion a relist made ambiguous, one the hub writes (``hub.watchcache``)
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, ClassVar
 
 
 def status_object(code: int, reason: str, message: str, **details: Any) -> dict[str, Any]:
@@ -37,8 +37,11 @@ def status_bytes(code: int, reason: str, message: str, **details: Any) -> bytes:
 class ProxyError(Exception):
     """An error that has a Kubernetes Status answer. Subclasses set code and reason."""
 
-    code = 500
-    reason = "InternalError"
+    # Class constants, declared so: mypyc compiles a subclass's plain ``code = 422`` as the
+    # default of an instance attribute that is never set, and the class kept 400
+    # (kube/watchquery.InvalidListOptions answered 400 BadRequest instead of 422 Invalid).
+    code: ClassVar[int] = 500
+    reason: ClassVar[str] = "InternalError"
 
     def __init__(self, message: str, *, retry_after: float | None = None) -> None:
         super().__init__(message)

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -57,6 +58,9 @@ class FieldSelector:
         return ",".join(requirement.canonical() for requirement in self.requirements)
 
 
+# A selector parses to an immutable value, and a pod's programs send the same few selectors
+# (most often none) with every list and watch: each is parsed once. Refusals are not kept.
+@functools.lru_cache(maxsize=512)
 def parse_field_selector(selector: str) -> FieldSelector:
     """Parse a ``fieldSelector`` like the apiserver; raise BadRequest where it would refuse.
 

@@ -9,6 +9,7 @@ operators and spacing): the hub keys shared watches with it. Field selectors liv
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -120,6 +121,9 @@ class LabelSelector:
         return ",".join(requirement.canonical() for requirement in self.requirements)
 
 
+# A selector parses to an immutable value, and a pod's programs send the same few selectors
+# (most often none) with every list and watch: each is parsed once. Refusals are not kept.
+@functools.lru_cache(maxsize=512)
 def parse_label_selector(selector: str) -> LabelSelector:
     """Parse a ``labelSelector`` like the apiserver; raise BadRequest where it would refuse."""
     parser = _LabelParser(selector)
