@@ -19,7 +19,16 @@ from watchproxy.policy.access import (
     PolicyDenied,
     ReadOnlyRefused,
 )
-from watchproxy.server.routes import Refusal, Route, RouteKind, Routing, classify
+from watchproxy.server.fastlane import decoded_query
+from watchproxy.server.routes import (
+    Refusal,
+    Route,
+    RouteKind,
+    Routing,
+    classify,
+    page_shape,
+    with_continue,
+)
 
 K = RouteKind
 RULES = (AccessRule("deny", "/api/v1/namespaces/*/secrets*"), AccessRule("allow", "/*"))
@@ -403,3 +412,89 @@ def test_every_request_gets_a_route_that_ends_in_an_answer(
             assert got.api_path.subresource in ("exec", "attach", "portforward")
     if impersonate and got.kind is not K.REFUSED:
         assert routing.policy.forward_impersonation
+
+
+# One paged LIST's pages differ in their continue token only: routed as one (fastlane's page
+# memo), each with its own token.
+
+TOKEN = "eyJ2IjoibWV0YS5rOHMuaW8vdjEiLCJydiI6MTIzLCJzdGFydCI6InAtMyJ9"
+
+
+def test_a_pages_shape_is_its_target_without_the_tokens_value() -> None:
+    first = page_shape(f"{PODS}?limit=2&continue={TOKEN}&labelSelector=app%3Dweb")
+    assert first == (f"{PODS}?limit=2&continue=&labelSelector=app%3Dweb", TOKEN)
+    assert page_shape(f"{PODS}?continue=other-token_2") == (f"{PODS}?continue=", "other-token_2")
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        PODS,
+        f"{PODS}?limit=2",
+        f"{PODS}?limit=2&continue=",  # no token: a first page
+        f"{PODS}?continue=a&continue=b",  # which one the apiserver reads is the decoder's call
+        f"{PODS}?continue=abc%3D",  # a value that decoding changes
+        f"{PODS}?continue=a+b",
+        f"{PODS}?continue=a.b",
+        f"{PODS}?contin%75e=x&continue=abc",  # an escaped name may be the first continue
+    ],
+)
+def test_a_target_decoding_could_change_has_no_page_shape(target: str) -> None:
+    assert page_shape(target) is None
+
+
+_TOKENS = st.text(alphabet="ABCXYZabcxyz0189-_", min_size=1, max_size=12)
+
+
+@given(
+    method=_METHODS,
+    path=st.sampled_from(
+        [
+            PODS,
+            "/api/v1/pods",
+            "/apis/apps/v1/namespaces/d/deployments",
+            f"{PODS}/p",
+            "/api/v1/namespaces/d/secrets",
+            "/api/v1/watch/pods",
+            "/api",
+        ]
+    ),
+    params=st.lists(st.tuples(_PARAM, _VALUE), max_size=5),
+    at=st.integers(min_value=0, max_value=5),
+    tokens=st.tuples(_TOKENS, _TOKENS),
+    routing=_ROUTINGS,
+)
+def test_another_page_of_a_shape_routes_as_classify_routes_it(
+    method: str,
+    path: str,
+    params: list[tuple[str, str]],
+    at: int,
+    tokens: tuple[str, str],
+    routing: Routing,
+) -> None:
+    """with_continue(route of one page, token) is what classify() says of the page with that
+    token, wherever the continue parameter stands and whatever else the query holds."""
+    routes = []
+    for token in tokens:
+        pairs = [f"{k}={v}" for k, v in params]
+        pairs.insert(min(at, len(pairs)), f"continue={token}")
+        target = f"{path}?{'&'.join(pairs)}"
+        shape = page_shape(target)
+        if shape is None:  # another continue in params: classify() decides each
+            return
+        assert shape[1] == token
+        query = decoded_query(target.partition("?")[2])
+        routes.append(
+            (shape[0], classify(method, target, query, CIMultiDict(Host="localhost"), routing))
+        )
+    (shape, first), (other_shape, second) = routes
+    assert shape == other_shape
+
+    def comparable(route: Route) -> tuple[object, ...]:
+        error = route.error
+        return (
+            *route._replace(error=None),
+            None if error is None else (type(error), error.message),
+        )
+
+    assert comparable(with_continue(first, tokens[1])) == comparable(second)

@@ -124,6 +124,26 @@ class WatchQuery:
     timeout: str | None = None
     unknown: tuple[str, ...] = ()
 
+    def with_continue_token(self, token: str) -> WatchQuery:
+        """This query with another continue token (valid wherever this one's was, since the
+        rules read a token only for being there): another page of the same LIST."""
+        return WatchQuery(
+            self.watch,
+            self.resource_version,
+            self.resource_version_match,
+            self.timeout_seconds,
+            self.allow_watch_bookmarks,
+            self.send_initial_events,
+            self.label_selector,
+            self.field_selector,
+            self.limit,
+            token,
+            self.include_object,
+            self.pretty,
+            self.timeout,
+            self.unknown,
+        )
+
     @property
     def watch_list(self) -> bool:
         """The apiserver (1.34 on, WatchList enabled) answers this watch with the initial

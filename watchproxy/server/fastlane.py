@@ -37,7 +37,7 @@ from watchproxy.server.api import ApiHandler, flow_key
 from watchproxy.server.clientgone import CLIENT_CLOSED_REQUEST, EndsWithClient
 from watchproxy.server.passthrough import BUFFERED_BODY_BYTES
 from watchproxy.server.requesthead import RequestHead
-from watchproxy.server.routes import Route, RouteKind, classify
+from watchproxy.server.routes import Route, RouteKind, classify, page_shape, with_continue
 from watchproxy.upstream.client import UpstreamResponse
 
 log = logging.getLogger("watchproxy.passthrough")
@@ -128,6 +128,9 @@ class FastLane:
         self._clock = clock
         self.served = 0  # requests answered here (the rest went to aiohttp's server)
         self._routes: dict[tuple[str, str, str | None], Route | None] = {}
+        # The same for the pages of paged LISTs, by (method, page shape, Host): one route per
+        # shape, whichever page's token it holds (routes.page_shape).
+        self._pages: dict[tuple[str, str, str | None], Route | None] = {}
 
     def admit(self, head: RequestHead) -> Route | None:
         """The route of ``head`` when the fast lane serves it, else None (aiohttp serves it)."""
@@ -147,10 +150,27 @@ class FastLane:
             return self._routes[key]
         except KeyError:
             pass
+        page = page_shape(head.target)
+        if page is not None:
+            return self._page(head, (head.method, page[0], key[2]), page[1])
         if len(self._routes) >= ROUTE_MEMO_SIZE:
             self._routes.clear()
         route = self._routes[key] = self._admitted(head)
         return route
+
+    def _page(
+        self, head: RequestHead, key: tuple[str, str, str | None], token: str
+    ) -> Route | None:
+        """The route of one page of a paged LIST: the first page of its shape is decided, the
+        others take its route with their own token (None, aiohttp's, stays None)."""
+        try:
+            route = self._pages[key]
+        except KeyError:
+            if len(self._pages) >= ROUTE_MEMO_SIZE:
+                self._pages.clear()
+            route = self._pages[key] = self._admitted(head)
+            return route
+        return None if route is None else with_continue(route, token)
 
     def _admitted(self, head: RequestHead) -> Route | None:
         raw_query = head.target.partition("?")[2]
