@@ -3,15 +3,17 @@
 ``python -m bench.controller [--workers 1,8,32] [--seconds 10] [--rounds 2] [--pushback]``
 
 Against a real kube-apiserver + etcd (``tests/realapi/bin/kubetestenv``), N workers of
-``bench/gocontroller`` loop over GET / merge-PATCH / LIST limit=5 / LIST in pages of 2 / CREATE
-/ DELETE at full speed, once per mode in each round: direct, watchproxy with its defaults
-(``watchproxy run``, built as the image builds it: ``--build compiled``, the default, runs the
-modules ``setup.py`` compiles with mypyc; ``--build source`` runs this tree's Python), and
-``kubectl proxy``. Printed per cell: requests per second, p50 and p99,
-errors, and the CPU of every process (apiserver, proxy, load generator) as a share of one
-core, so that the machine's own limit shows; after the slash, how long the process's threads
-were ready to run but waited for a core (from ``/proc/PID/task/*/schedstat``), also as a share
-of one core: latency that no process spent.
+``bench/gocontroller`` loop over GET / merge-PATCH (each its own configmap, as a work queue
+hands a key to one worker at a time; ``--hot-object``: one shared by all) / LIST limit=5 / LIST
+in pages of 2 / CREATE / DELETE at full speed, once per mode in each round: direct, watchproxy
+with its defaults (``watchproxy run``, built as the image builds it: ``--build compiled``, the
+default, runs the modules ``setup.py`` compiles with mypyc; ``--build source`` runs this tree's
+Python), and ``kubectl proxy``. Printed per cell: requests per second, p50 and p99, errors, and
+the CPU of every process (apiserver, proxy, load generator) as a share of one core, so that the
+machine's own limit shows; after the slash, how long the process's threads were ready to run
+but waited for a core (from ``/proc/PID/task/*/schedstat``), also as a share of one core:
+latency that no process spent. ``--verbs`` adds p50/p99 per verb, ``--trace DIR`` writes every
+request, ``--set`` runs watchproxy with a setting other than its default.
 
 ``--pushback`` adds the second phase: the workers act as a ServiceAccount whose requests the
 apiserver's API Priority and Fairness puts in a priority level of one nominal share that rejects
