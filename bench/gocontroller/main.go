@@ -73,8 +73,7 @@ type worker struct {
 	base      string
 	token     string
 	id        int
-	latencies []time.Duration
-	byVerb    map[string][]time.Duration // GET, LIST, PATCH, POST, DELETE
+	byVerb    map[string][]time.Duration // GET, LIST, PATCH, POST, DELETE: every latency
 	trace     []sample                   // with -trace: every request
 	tracing   bool
 	started0  time.Time
@@ -96,7 +95,10 @@ func (w *worker) do(method, path, contentType string, body []byte) []byte {
 	return w.send(method, path, contentType, body)
 }
 
-func (w *worker) send(method, path, contentType string, body []byte) []byte {
+// exchange sends one request as client-go's REST client does: a 429 is retried up to 10 times
+// after its Retry-After. It gives the last answer's status (0: no answer, err says why) and
+// body (err: the body broke off), and how many 429s it retried.
+func (w *worker) exchange(method, path, contentType string, body []byte) (int, []byte, int, error) {
 	req, err := http.NewRequest(method, w.base+path, bytes.NewReader(body))
 	if err != nil {
 		panic(err)
@@ -109,33 +111,37 @@ func (w *worker) send(method, path, contentType string, body []byte) []byte {
 	}
 	req.Header.Set("Accept", "application/json")
 	req.Header.Set("User-Agent", w.userAgent)
-	started := time.Now()
-	var resp *http.Response
-	var data []byte
-	// As client-go's REST client: a 429 is retried up to 10 times after its Retry-After.
 	for attempt := 0; ; attempt++ {
 		if attempt > 0 {
 			req.Body = io.NopCloser(bytes.NewReader(body))
 		}
-		resp, err = w.client.Do(req)
+		resp, err := w.client.Do(req)
 		if err != nil {
-			w.errors["transport"]++
-			return nil
+			return 0, nil, attempt, err
 		}
-		data, err = io.ReadAll(resp.Body)
+		data, err := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		if resp.StatusCode != 429 || attempt == 10 {
-			break
+			return resp.StatusCode, data, attempt, err
 		}
-		w.retried++
 		seconds, convErr := strconv.Atoi(resp.Header.Get("Retry-After"))
 		if convErr != nil || seconds < 1 {
 			seconds = 1
 		}
 		time.Sleep(time.Duration(seconds) * time.Second)
 	}
+}
+
+// send is one request of the load: its time (retries included) and its errors count.
+func (w *worker) send(method, path, contentType string, body []byte) []byte {
+	started := time.Now()
+	status, data, retried, err := w.exchange(method, path, contentType, body)
+	w.retried += retried
+	if status == 0 {
+		w.errors["transport"]++
+		return nil
+	}
 	took := time.Since(started)
-	w.latencies = append(w.latencies, took)
 	what := method
 	if method == "GET" && strings.Contains(path, "?") {
 		what = "LIST"
@@ -149,8 +155,8 @@ func (w *worker) send(method, path, contentType string, body []byte) []byte {
 		w.errors["body"]++
 		return nil
 	}
-	if resp.StatusCode >= 300 {
-		w.errors[fmt.Sprint(resp.StatusCode)]++
+	if status >= 300 {
+		w.errors[fmt.Sprint(status)]++
 	}
 	return data
 }
@@ -158,33 +164,14 @@ func (w *worker) send(method, path, contentType string, body []byte) []byte {
 // ensure creates the worker's own configmap unless it is there (from an earlier cell); it is
 // set-up, not load, so neither its time nor its answer counts.
 func (w *worker) ensure(ns string) {
-	body := []byte(fmt.Sprintf(`{"metadata":{"name":%q},"data":{}}`, w.patched))
-	req, err := http.NewRequest("POST", w.base+"/api/v1/namespaces/"+ns+"/configmaps", nil)
+	body := fmt.Sprintf(`{"metadata":{"name":%q},"data":{}}`, w.patched)
+	status, _, _, err := w.exchange("POST", "/api/v1/namespaces/"+ns+"/configmaps",
+		"application/json", []byte(body))
 	if err != nil {
 		panic(err)
 	}
-	if w.token != "" {
-		req.Header.Set("Authorization", "Bearer "+w.token)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("User-Agent", w.userAgent)
-	var resp *http.Response
-	for attempt := 0; ; attempt++ { // a 429 (the pushback phase) is retried, as in send
-		req.Body = io.NopCloser(bytes.NewReader(body))
-		req.ContentLength = int64(len(body))
-		resp, err = w.client.Do(req)
-		if err != nil {
-			panic(err)
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != 429 || attempt == 10 {
-			break
-		}
-		time.Sleep(time.Second)
-	}
-	if resp.StatusCode != 201 && resp.StatusCode != 409 {
-		panic(fmt.Sprintf("creating %s: %s", w.patched, resp.Status))
+	if status != 201 && status != 409 {
+		panic(fmt.Sprintf("creating %s: status %d", w.patched, status))
 	}
 }
 
@@ -277,8 +264,12 @@ func main() {
 	elapsed := time.Since(started).Seconds()
 	out := result{Errors: map[string]int{}, Seconds: elapsed}
 	var latencies []time.Duration
+	verbs := map[string][]time.Duration{}
 	for _, w := range all {
-		latencies = append(latencies, w.latencies...)
+		for verb, took := range w.byVerb {
+			latencies = append(latencies, took...)
+			verbs[verb] = append(verbs[verb], took...)
+		}
 		out.Retried += w.retried
 		for k, v := range w.errors {
 			out.Errors[k] += v
@@ -300,12 +291,6 @@ func main() {
 	out.Requests = len(latencies)
 	out.PerSec = float64(out.Requests) / elapsed
 	out.P50ms, out.P99ms = percentiles(latencies)
-	verbs := map[string][]time.Duration{}
-	for _, w := range all {
-		for verb, took := range w.byVerb {
-			verbs[verb] = append(verbs[verb], took...)
-		}
-	}
 	out.Verbs = map[string]verbResult{}
 	for verb, took := range verbs {
 		p50, p99 := percentiles(took)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import urllib.parse
 from typing import Any
 
@@ -11,6 +12,8 @@ from hypothesis import strategies as st
 from multidict import MultiDict, MultiDictProxy
 
 from watchproxy.errors import BadRequest
+from watchproxy.kube.fieldselectors import parse_field_selector
+from watchproxy.kube.selectors import parse_label_selector
 from watchproxy.kube.watchquery import (
     KNOWN_PARAMETERS,
     InvalidListOptions,
@@ -284,3 +287,28 @@ def test_a_watch_from_now_with_bookmarks_is_a_watch_list(query: str, watch_list:
     """As kube-apiserver 1.34 and 1.37 answer (tests/realapi/test_watch_from_now.py)."""
     parsed = parse_watch_query(MultiDict(urllib.parse.parse_qsl(query, keep_blank_values=True)))
     assert parsed.watch_list is watch_list
+
+
+def test_another_pages_query_differs_in_its_token_alone() -> None:
+    """with_continue_token spells every field out: with each one set to a value other than its
+    default, a field it forgot (or swapped) shows here against dataclasses.replace."""
+    defaults = WatchQuery()
+    full = WatchQuery(
+        watch=True,
+        resource_version="7",
+        resource_version_match="NotOlderThan",
+        timeout_seconds=30,
+        allow_watch_bookmarks=True,
+        send_initial_events=True,
+        label_selector=parse_label_selector("app=web"),
+        field_selector=parse_field_selector("metadata.name=p"),
+        limit=2,
+        continue_token="first",
+        include_object="Metadata",
+        pretty=True,
+        timeout="5s",
+        unknown=("x",),
+    )
+    for item in dataclasses.fields(WatchQuery):
+        assert getattr(full, item.name) != getattr(defaults, item.name), item.name
+    assert full.with_continue_token("next") == dataclasses.replace(full, continue_token="next")

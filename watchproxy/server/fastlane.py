@@ -60,6 +60,8 @@ _NO_BODY = frozenset({204, 304})
 # the policy) was a tenth of the proxy's CPU per request. Bounded in entries and in the length
 # of a target it keeps (a client making up targets costs it about a megabyte at most).
 ROUTE_MEMO_SIZE = 1024
+# (method, target or page shape, Host)
+_MemoKey = tuple[str, str, str | None]
 ROUTE_MEMO_TARGET_CHARS = 512
 
 
@@ -127,10 +129,11 @@ class FastLane:
         self.handler = handler
         self._clock = clock
         self.served = 0  # requests answered here (the rest went to aiohttp's server)
-        self._routes: dict[tuple[str, str, str | None], Route | None] = {}
+        self._routes: dict[_MemoKey, Route | None] = {}
         # The same for the pages of paged LISTs, by (method, page shape, Host): one route per
-        # shape, whichever page's token it holds (routes.page_shape).
-        self._pages: dict[tuple[str, str, str | None], Route | None] = {}
+        # shape, whichever page's token it holds (routes.page_shape). Apart from the targets: a
+        # shape reads like the target of a first page that sends an empty continue.
+        self._pages: dict[_MemoKey, Route | None] = {}
 
     def admit(self, head: RequestHead) -> Route | None:
         """The route of ``head`` when the fast lane serves it, else None (aiohttp serves it)."""
@@ -153,24 +156,28 @@ class FastLane:
         page = page_shape(head.target)
         if page is not None:
             return self._page(head, (head.method, page[0], key[2]), page[1])
-        if len(self._routes) >= ROUTE_MEMO_SIZE:
-            self._routes.clear()
-        route = self._routes[key] = self._admitted(head)
-        return route
+        return self._decided(self._routes, key, head)
 
-    def _page(
-        self, head: RequestHead, key: tuple[str, str, str | None], token: str
-    ) -> Route | None:
+    def _page(self, head: RequestHead, key: _MemoKey, token: str) -> Route | None:
         """The route of one page of a paged LIST: the first page of its shape is decided, the
         others take its route with their own token (None, aiohttp's, stays None)."""
         try:
             route = self._pages[key]
         except KeyError:
-            if len(self._pages) >= ROUTE_MEMO_SIZE:
-                self._pages.clear()
-            route = self._pages[key] = self._admitted(head)
-            return route
+            return self._decided(self._pages, key, head)
         return None if route is None else with_continue(route, token)
+
+    def _decided(
+        self,
+        memo: dict[_MemoKey, Route | None],
+        key: _MemoKey,
+        head: RequestHead,
+    ) -> Route | None:
+        """``head``'s route, decided now and remembered in ``memo`` under ``key``."""
+        if len(memo) >= ROUTE_MEMO_SIZE:
+            memo.clear()
+        route = memo[key] = self._admitted(head)
+        return route
 
     def _admitted(self, head: RequestHead) -> Route | None:
         raw_query = head.target.partition("?")[2]
