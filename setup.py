@@ -39,6 +39,7 @@ COMPILED_MODULES = [
     "watchproxy/upstream/client.py",
     "watchproxy/upstream/connectivity.py",
     "watchproxy/upstream/http1.py",
+    "watchproxy/upstream/keepalive.py",
     "watchproxy/upstream/pool.py",
     "watchproxy/upstream/response.py",
     "watchproxy/upstream/target.py",

@@ -13,7 +13,9 @@ the CPU of every process (apiserver, proxy, load generator) as a share of one co
 machine's own limit shows; after the slash, how long the process's threads were ready to run
 but waited for a core (from ``/proc/PID/task/*/schedstat``), also as a share of one core:
 latency that no process spent. ``--verbs`` adds p50/p99 per verb, ``--trace DIR`` writes every
-request, ``--set`` runs watchproxy with a setting other than its default.
+request, ``--set`` runs watchproxy with a setting other than its default. ``--baseline REF``
+adds mode ``baseline``: watchproxy as it was at git ref REF (a worktree, built the same way),
+so that a change is measured against the code it changes in the same interleaved rounds.
 
 ``--pushback`` adds the second phase: the workers act as a ServiceAccount whose requests the
 apiserver's API Priority and Fairness puts in a priority level of one nominal share that rejects
@@ -202,47 +204,76 @@ def wait_http(url: str, what: str, log: Path, timeout: float = 60.0) -> None:
 
 
 @contextlib.contextmanager
+def baseline_tree(ref: str, workdir: Path, *, compiled: bool) -> Iterator[Path]:
+    """watchproxy's tree at git ref ``ref``: a worktree, or its compiled copy when
+    ``compiled``; the worktree is removed at the end."""
+    root = Path(__file__).resolve().parent.parent
+    worktree = workdir / "baseline"
+    subprocess.run(
+        ["git", "worktree", "add", "--detach", str(worktree), ref],
+        cwd=root, check=True, capture_output=True,
+    )  # fmt: skip
+    try:
+        if not compiled:
+            yield worktree
+            return
+        built = subprocess.run(
+            [sys.executable, "-m", "tests.compiledtree"],
+            cwd=worktree, check=True, capture_output=True, text=True,
+        )  # fmt: skip
+        yield Path(built.stdout.strip().splitlines()[-1])
+    finally:
+        remove = ["git", "worktree", "remove", "--force", str(worktree)]
+        subprocess.run(remove, cwd=root, check=True)
+
+
+@contextlib.contextmanager
 def proxies(
-    kubeconfig: str, workdir: Path, compiled: Path | None = None, settings: tuple[str, ...] = ()
+    kubeconfig: str,
+    workdir: Path,
+    trees: dict[str, Path | None],
+    settings: tuple[str, ...] = (),
+    *,
+    compiled: bool = True,
 ) -> Iterator[dict[str, tuple[str, Process]]]:
-    """watchproxy (defaults, but for ``settings``: ``--set`` values; ``compiled``: the compiled
-    copy of the tree to run, else this tree) and kubectl proxy before ``kubeconfig``:
-    mode -> (url, process)."""
-    # Run from the copy, with it first on PYTHONPATH: `python -m` puts its working directory
-    # ahead of PYTHONPATH, so from this tree it would import this tree's source.
-    env = compiledtree.environment(compiled) if compiled is not None else None
-    port, admin = free_port(), free_port()
+    """A watchproxy per entry of ``trees`` (mode -> the tree to run it from, None: this one;
+    defaults, but for ``settings``: ``--set`` values) and kubectl proxy before ``kubeconfig``:
+    mode -> (url, process), and mode-admin -> (admin url, process)."""
+    children: dict[str, tuple[str, str, subprocess.Popen[bytes]]] = {}
     kport = free_port()
     with (
         open(workdir / "watchproxy.log", "ab") as watchproxy_log,
         open(workdir / "kubectl.log", "ab") as kubectl_log,
     ):
-        watchproxy = subprocess.Popen(
-            [sys.executable, "-m", "watchproxy", "run", "--kubeconfig", kubeconfig,
-             "--listen-port", str(port), "--admin-port", str(admin), "--log-level", "warning",
-             *(arg for value in settings for arg in ("--set", value))],
-            stdin=subprocess.DEVNULL, stdout=watchproxy_log, stderr=subprocess.STDOUT, env=env,
-            cwd=compiled,
-        )  # fmt: skip
+        for mode, tree in trees.items():
+            # Run from the tree, with it first on PYTHONPATH: `python -m` puts its working
+            # directory ahead of PYTHONPATH, so from this tree it would import this tree's source.
+            env = compiledtree.environment(tree) if tree is not None else None
+            port, admin = free_port(), free_port()
+            children[mode] = (str(port), str(admin), subprocess.Popen(
+                [sys.executable, "-m", "watchproxy", "run", "--kubeconfig", kubeconfig,
+                 "--listen-port", str(port), "--admin-port", str(admin), "--log-level", "warning",
+                 *(arg for value in settings for arg in ("--set", value))],
+                stdin=subprocess.DEVNULL, stdout=watchproxy_log, stderr=subprocess.STDOUT,
+                env=env, cwd=tree,
+            ))  # fmt: skip
         kubectl = subprocess.Popen(
             ["kubectl", "proxy", f"--port={kport}", f"--kubeconfig={kubeconfig}"],
             stdin=subprocess.DEVNULL, stdout=kubectl_log, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:
-        wait_http(f"http://127.0.0.1:{admin}/readyz", "watchproxy", workdir / "watchproxy.log")
-        if (
-            compiled is not None
-            and "__mypyc" not in Path(f"/proc/{watchproxy.pid}/maps").read_text()
-        ):
-            raise SystemExit("bench.controller: watchproxy did not load its compiled modules")
+        fronts: dict[str, tuple[str, Process]] = {}
+        for mode, (port, admin, child) in children.items():
+            wait_http(f"http://127.0.0.1:{admin}/readyz", mode, workdir / "watchproxy.log")
+            if compiled and "__mypyc" not in Path(f"/proc/{child.pid}/maps").read_text():
+                raise SystemExit(f"bench.controller: {mode} did not load its compiled modules")
+            fronts[mode] = (f"http://127.0.0.1:{port}", Process(mode, child))
+            fronts[f"{mode}-admin"] = (f"http://127.0.0.1:{admin}", Process(mode, child))
         wait_http(f"http://127.0.0.1:{kport}/version", "kubectl proxy", workdir / "kubectl.log")
-        yield {
-            "watchproxy": (f"http://127.0.0.1:{port}", Process("watchproxy", watchproxy)),
-            "watchproxy-admin": (f"http://127.0.0.1:{admin}", Process("watchproxy", watchproxy)),
-            "kubectl": (f"http://127.0.0.1:{kport}", Process("kubectl proxy", kubectl)),
-        }
+        fronts["kubectl"] = (f"http://127.0.0.1:{kport}", Process("kubectl proxy", kubectl))
+        yield fronts
     finally:
-        for child in (watchproxy, kubectl):
+        for child in (*(c for _, _, c in children.values()), kubectl):
             child.terminate()
             try:
                 child.wait(timeout=10)
@@ -346,7 +377,8 @@ def report(cells: list[Cell], *, pushback: bool, verbs: bool = False) -> None:
     workers = sorted({c.workers for c in cells})
     for n in workers:
         medians: dict[str, tuple[float, float, float]] = {}
-        for mode in MODES:
+        per_request: dict[str, float] = {}  # mode -> the proxy's CPU per request, us
+        for mode in (*MODES, "baseline"):
             group = by.get((mode, n), [])
             if not group:
                 continue
@@ -354,6 +386,8 @@ def report(cells: list[Cell], *, pushback: bool, verbs: bool = False) -> None:
             p50 = statistics.median(c.p50_ms for c in group)
             p99 = statistics.median(c.p99_ms for c in group)
             medians[mode] = (rps, p50, p99)
+            if mode in ("watchproxy", "baseline"):
+                per_request[mode] = statistics.median(c.cpu[mode] for c in group) / rps * 1e6
             errors: dict[str, int] = {}
             for c in group:
                 for k, v in c.errors.items():
@@ -385,6 +419,13 @@ def report(cells: list[Cell], *, pushback: bool, verbs: bool = False) -> None:
                 f"kubectl proxy's; added p50 {w[1] - d[1]:+.2f} ms, added p99 "
                 f"{w[2] - d[2]:+.2f} ms; p99 {w[2] / k[2]:.2f}x kubectl proxy's"
             )
+        if {"watchproxy", "baseline"} <= medians.keys():
+            w, b = medians["watchproxy"], medians["baseline"]
+            print(
+                f"  N={n}: watchproxy {w[0] / b[0]:.2f}x the baseline's throughput, p99 "
+                f"{w[2] / b[2]:.2f}x; CPU per request {per_request['watchproxy']:.0f} us against "
+                f"{per_request['baseline']:.0f} us"
+            )
     if pushback:
         total = {m: sum(c.rejected for c in cells if c.mode == m) for m in MODES}
         if total["direct"]:
@@ -398,6 +439,11 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="per cell")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds (medians)")
     parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument(
+        "--baseline",
+        metavar="REF",
+        help="add mode baseline: watchproxy at this git ref, built the same way (e.g. HEAD~1)",
+    )
     parser.add_argument("--pushback", action="store_true", help="second phase: APF rejects")
     parser.add_argument(
         "--build",
@@ -435,14 +481,25 @@ def main() -> None:
     a = parser.parse_args()
     binary = go_binary("gocontroller")
     modes = a.modes.split(",")
+    if a.baseline and "baseline" not in modes:
+        modes.insert(modes.index("watchproxy") + 1 if "watchproxy" in modes else 0, "baseline")
     compiled = compiledtree.build() if a.build == "compiled" else None
     print(
         f"watchproxy build: {a.build}"
+        + (f"; baseline {a.baseline}" if a.baseline else "")
         + "".join(f"; --set {v}" for v in a.set)
         + ("; hot object" if a.hot_object else "")
     )
-    with tempfile.TemporaryDirectory(prefix="bench-controller-") as tmp:
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-controller-") as tmp,
+        contextlib.ExitStack() as stack,
+    ):
         workdir = Path(tmp)
+        trees: dict[str, Path | None] = {"watchproxy": compiled}
+        if a.baseline:
+            trees["baseline"] = stack.enter_context(
+                baseline_tree(a.baseline, workdir, compiled=compiled is not None)
+            )
         server = start_kubetestenv(workdir / "api", extra=COMPACTION)
         try:
             api = Api(server)
@@ -457,7 +514,9 @@ def main() -> None:
             else:
                 token_file.write_text(server.token)
             apiserver = Process("apiserver", server.process)
-            with proxies(kubeconfig, workdir, compiled, tuple(a.set)) as fronts:
+            with proxies(
+                kubeconfig, workdir, trees, tuple(a.set), compiled=compiled is not None
+            ) as fronts:
                 cells: list[Cell] = []
                 if a.trace:
                     a.trace.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,6 @@ import logging
 import os
 import random
 import socket
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -170,9 +169,6 @@ class Proxy:
         self._servers: list[asyncio.Server] = []
         self._loop_handler: tuple[asyncio.AbstractEventLoop, Any] | None = None
 
-    def _client_limit(self, key: str) -> float:
-        return self.client_limiter.check(key, time.monotonic())
-
     def ready(self) -> bool:
         draining = self._handler is not None and self._handler.draining
         return self.connectivity.up and not draining
@@ -231,7 +227,7 @@ class Proxy:
                 if self.hub is not None
                 else None
             ),
-            client_limit=self._client_limit,
+            client_limit=self.client_limiter.check_now,
             watch_errors=ErroredWatchLimiter(
                 self.config.ratelimit.watch_errors_per_second,
                 self.config.ratelimit.watch_errors_burst,

@@ -301,13 +301,13 @@ class Metrics:
             "Relists of a shared watch after the upstream answered 410 Expired.",
         )
         self.lists_batched = add(
-            Counter,
+            LoopCounter,
             "watchproxy_lists_batched",
             "LIST requests without a resourceVersion answered by an upstream LIST they shared "
             "with identical requests that arrived while the previous one was in flight.",
         )
         self.list_batches = add(
-            Counter,
+            LoopCounter,
             "watchproxy_list_batches",
             "Upstream LISTs sent for batches of identical LIST requests (see lists_batched).",
         )
@@ -323,7 +323,7 @@ class Metrics:
             ["outcome"],
         )
         self.freshness_probes = add(
-            Counter,
+            LoopCounter,
             "watchproxy_freshness_probes",
             "Upstream LISTs with limit=1 that read the apiserver's current revision for "
             "consistent LISTs (shared by concurrent ones) and watches from now (one each).",

@@ -29,6 +29,31 @@ async def test_forward_mode_sends_the_clients_credential_and_never_the_proxys(
         assert sent == [f"Bearer {running.fake.token}", "Bearer someone-else", None]
 
 
+async def test_forward_mode_keeps_each_clients_credential_when_header_blocks_repeat(
+    tmp_path: Any,
+) -> None:
+    """What goes upstream for a header block the fast lane has seen before is worked out once
+    (``Forwarder.send(shared_headers=True)``); clients taking turns still each send their own
+    credential, and one that sends none sends none."""
+    overrides = {"security.identity": "forward"}
+    async with running_proxy(tmp_path, overrides) as running, aiohttp.ClientSession() as session:
+        running.fake.store.create(
+            "pods", "default", {"metadata": {"name": "p"}, "spec": {"containers": []}}
+        )
+        pod = PODS + "/p"  # a GET of one object: a plain pass-through (a LIST may be batched)
+        tokens = [f"Bearer {running.fake.token}", "Bearer someone-else", None] * 3
+        served_before = running.proxy.fast_lane.served
+        for token in tokens:
+            headers = {"Authorization": token} if token else {}
+            async with session.get(running.url + pod, headers=headers) as response:
+                assert response.status == (200 if token == tokens[0] else 401)
+        assert running.proxy.fast_lane.served - served_before == len(tokens)
+        sent = [
+            r.headers.get("Authorization") for r in running.fake.stats.requests if r.path == pod
+        ]
+        assert sent == tokens
+
+
 async def test_forward_mode_shares_watches_only_between_equal_credentials(
     tmp_path: Any,
 ) -> None:

@@ -188,3 +188,52 @@ async def test_a_request_on_a_reused_connection_closed_under_it(method: str, res
         await pool.close(2)
         server.close()
         await server.wait_closed()
+
+
+@pytest.mark.parametrize(("first_deadline", "second_deadline"), [(0.2, 0.6), (30.0, 0.3)])
+async def test_each_request_on_a_reused_connection_times_out_at_its_own_deadline(
+    first_deadline: float, second_deadline: float
+) -> None:
+    """A connection checks its requests' deadlines with one timer, armed lazily: the timer a
+    first request armed may still be pending when the second is sent. The second request still
+    ends at its own deadline, whether it is later than the first's (the timer fires early and
+    looks again) or sooner (the timer is moved forward)."""
+    answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+    second_came = asyncio.Event()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(answer)  # the first is answered at once
+        await reader.readuntil(b"\r\n\r\n")
+        second_came.set()  # the second never is
+        await reader.read()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    dialer = PlainDialer()
+    pool = ConnectionPool(dialer, "127.0.0.1", port)
+    request = b"GET /x HTTP/1.1\r\nHost: h\r\n\r\n"
+    loop = asyncio.get_running_loop()
+    try:
+        first = await pool.request(
+            request, ssl_context=None, connect_timeout=5, may_resend=True, deadline=first_deadline
+        )
+        assert await first.read() == b"ok"
+        first.release()
+        sent_at = loop.time()
+        with pytest.raises(TimeoutError):
+            await pool.request(
+                request,
+                ssl_context=None,
+                connect_timeout=5,
+                may_resend=True,
+                deadline=second_deadline,
+            )
+        waited = loop.time() - sent_at
+        assert second_came.is_set() and dialer.dials == 1  # it went on the reused connection
+        assert second_deadline - 0.05 <= waited < second_deadline + 1.0, waited
+    finally:
+        await pool.close(2)
+        server.close()
+        await server.wait_closed()

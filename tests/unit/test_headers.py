@@ -8,7 +8,6 @@ from multidict import CIMultiDict
 
 from watchproxy.kube.headers import (
     HOP_BY_HOP,
-    end_to_end_only,
     impersonates,
     request_headers,
     response_headers,
@@ -72,15 +71,6 @@ def test_impersonation_is_any_name_that_starts_with_the_prefix() -> None:
     assert impersonates(headers(("Accept", "a"), ("IMPERSONATE-USER", "u")))
     assert not impersonates(headers(("X-Impersonate-User", "u"), ("Impersonate", "u")))
     assert not impersonates(headers())
-
-
-def test_a_head_passes_on_as_it_came_only_without_hop_by_hop_fields() -> None:
-    assert end_to_end_only(headers(("Content-Type", "a"), ("Content-Length", "3")))
-    assert end_to_end_only(headers(("X-Te", "1"), ("Connectionless", "1"), ("Content-Length", "3")))
-    for name in HOP_BY_HOP - {"content-length"}:
-        assert not end_to_end_only(headers((name.title(), "x"), ("Content-Length", "3")))
-    assert not end_to_end_only(headers(("Content-Length", "3"), ("content-length", "3")))
-    assert not end_to_end_only(headers(("Content-Type", "a")))
 
 
 _OTHERS = ["accept", "audit-id", "authorization", "impersonate-user", "x-remote-user", "x-a"]

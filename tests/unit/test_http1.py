@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from multidict import CIMultiDict
 
+from watchproxy.kube.headers import HOP_BY_HOP
 from watchproxy.upstream.http1 import (
     EndOfMessage,
     Event,
@@ -15,6 +16,7 @@ from watchproxy.upstream.http1 import (
     ResponseParser,
     encode_head,
     parse_head,
+    read_head,
 )
 
 
@@ -113,6 +115,10 @@ def test_two_responses_in_turn_on_one_parser() -> None:
         b"HTTP/1.1 2000 OK\r\n\r\n",
         b"HTTP/1.1 200 OK\r\nbad header\r\n\r\n",
         b"HTTP/1.1 200 OK\r\n folded: x\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nA: b\r\n\tfolded\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nA : b\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\n: b\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nA: b\nC: d\r\n\r\n",  # a bare LF
         b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n",
         b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n",
@@ -145,8 +151,15 @@ def test_an_endless_head_is_refused() -> None:
 def test_request_head_refuses_line_breaks_in_headers() -> None:
     head = encode_head("GET", "/api", "h:1", CIMultiDict({"Accept": "application/json"}))
     assert head == b"GET /api HTTP/1.1\r\nHost: h:1\r\nAccept: application/json\r\n\r\n"
-    with pytest.raises(ValueError):
-        encode_head("GET", "/api", "h", CIMultiDict({"X": "a\r\nEvil: 1"}))
+    for name, value in [
+        ("X", "a\r\nEvil: 1"),
+        ("X", "a\nb"),
+        ("X", "a\rb"),
+        ("X\r\nY", "1"),
+        ("X:Y", "1"),
+    ]:
+        with pytest.raises(ValueError):
+            encode_head("GET", "/api", "h", CIMultiDict({"Accept": "a", name: value}))
 
 
 def test_an_apiserver_head_is_parsed_whole() -> None:
@@ -158,3 +171,57 @@ def test_an_apiserver_head_is_parsed_whole() -> None:
     status, reason, headers, http10 = parse_head(head)
     assert (status, reason, http10) == (200, "OK", False)
     assert headers["cache-control"] == "no-cache, private" and len(headers) == 6
+
+
+def head_with(*fields: tuple[str, str], version: str = "HTTP/1.1") -> ResponseHead:
+    lines = "".join(f"{name}: {value}\r\n" for name, value in fields)
+    return read_head(f"{version} 200 OK\r\n{lines}\r\n".encode("latin-1"))
+
+
+def test_a_head_passes_on_as_it_came_only_without_hop_by_hop_fields() -> None:
+    assert head_with(("Content-Type", "a"), ("Content-Length", "3")).passable
+    assert head_with(("X-Te", "1"), ("Connectionless", "1"), ("Content-Length", "3")).passable
+    # (Transfer-Encoding beside a Content-Length is refused outright, a test above.)
+    for name in HOP_BY_HOP - {"content-length", "transfer-encoding"}:
+        for spelled in (name, name.title(), name.upper()):
+            assert not head_with((spelled, "x"), ("Content-Length", "3")).passable, spelled
+    assert not head_with(("Content-Length", "3"), ("content-length", "3")).passable
+    assert not head_with(("Content-Type", "a")).passable
+    assert not head_with(("Transfer-Encoding", "chunked")).passable
+    assert not head_with(("Content-Length", "3"), version="HTTP/1.0").passable
+
+
+def test_the_fields_are_parsed_when_first_asked_for_and_framing_at_once() -> None:
+    head = head_with(("Audit-Id", "a"), ("Content-Length", " 12 "), ("Connection", "Close"))
+    assert (head.content_length, head.keep_alive, head.chunked) == (12, False, False)
+    assert head._headers is None  # not parsed yet
+    assert list(head.headers.items()) == [
+        ("Audit-Id", "a"),
+        ("Content-Length", "12"),
+        ("Connection", "Close"),
+    ]
+    assert head.headers is head.headers  # parsed once
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["Content-Length", "Audit-Id", "Connection", "X-A", "Date"]),
+            st.text(alphabet="abc 019,:\t", max_size=8).map(str.strip),
+        ),
+        max_size=6,
+    )
+)
+def test_read_fields_are_the_fields_sent(fields: list[tuple[str, str]]) -> None:
+    """Whatever the fields, the lazily parsed ones are those sent, values stripped as RFC 9110
+    says; and a head is refused exactly when its Content-Length fields disagree or are not
+    digits."""
+    lengths = [value for name, value in fields if name == "Content-Length"]
+    bad = bool(lengths) and (len(set(lengths)) != 1 or not lengths[0].isdigit())
+    if bad:
+        with pytest.raises(ProtocolError):
+            head_with(*fields)
+        return
+    head = head_with(*fields)
+    assert list(head.headers.items()) == [(n, v.strip(" \t")) for n, v in fields]
+    assert head.content_length == (int(lengths[0]) if lengths else None)

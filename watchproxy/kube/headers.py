@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import re
-
 from multidict import CIMultiDict, CIMultiDictProxy
 
 # RFC 9110 hop-by-hop headers, plus the ones aiohttp recomputes for the new message.
@@ -36,19 +34,6 @@ def impersonates(headers: CIMultiDictProxy[str] | CIMultiDict[str]) -> bool:
     # One search of all the names at once (every request is asked this): a name starts with
     # the prefix exactly when the prefix follows a line break in the joined, lowered names.
     return "\nimpersonate-" in "\n" + "\n".join(headers).lower()
-
-
-# A hop-by-hop name (Content-Length aside) in the line-separated, lowered names of a message.
-_HOP_BY_HOP_NAME = re.compile(
-    "\n(?:" + "|".join(sorted(re.escape(n) for n in HOP_BY_HOP - {"content-length"})) + ")\n"
-)
-
-
-def end_to_end_only(headers: CIMultiDictProxy[str] | CIMultiDict[str]) -> bool:
-    """Whether a message carries no hop-by-hop header but one Content-Length: then its head
-    may be passed on as it came."""
-    names = "\n" + "\n".join(headers).lower() + "\n"
-    return _HOP_BY_HOP_NAME.search(names) is None and len(headers.getall("Content-Length", ())) == 1
 
 
 def _dropped(headers: CIMultiDictProxy[str] | CIMultiDict[str]) -> frozenset[str]:

@@ -20,14 +20,12 @@ as a pass-through LIST would have been.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from aiohttp import web
 from multidict import CIMultiDict
-from prometheus_client import Counter
 
 from watchproxy.errors import ProxyError
 from watchproxy.hub.multiplexer import Headers
@@ -43,6 +41,32 @@ log = logging.getLogger("watchproxy.passthrough")
 _NOT_IN_KEY = frozenset({"kubectl-session", "kubectl-command", "x-request-id", "audit-id"})
 
 Key = tuple[str, tuple[tuple[str, str], ...], str | None]
+T = TypeVar("T")
+
+
+class Counting(Protocol):
+    """A counter, as a batch counts its upstream request in one."""
+
+    def inc(self, amount: float = 1) -> None: ...
+
+
+async def _outcome(shared: asyncio.Future[T]) -> T:
+    """``shared``'s result, awaited so that cancelling this waiter (its client left) leaves
+    ``shared`` to the batch's other members. What ``asyncio.shield`` does, without its Python
+    frames and its second future: a batched LIST paid for both on every request."""
+    if not shared.done():
+        waiter: asyncio.Future[None] = shared.get_loop().create_future()
+
+        def settled(_: asyncio.Future[T]) -> None:
+            if not waiter.done():
+                waiter.set_result(None)
+
+        shared.add_done_callback(settled)
+        try:
+            await waiter
+        finally:
+            shared.remove_done_callback(settled)
+    return shared.result()
 
 
 class Outgoing(Protocol):
@@ -71,7 +95,7 @@ class Batch:
     headers: CIMultiDict[str]
     forwarded_auth: str | None
     answer: asyncio.Future[Answer | ProxyError | None]
-    counted_in: Counter  # the metric that counts this batch's upstream request
+    counted_in: Counting  # the metric that counts this batch's upstream request
     members: int = 0  # requests waiting for the answer
     fetch: asyncio.Task[None] | None = None  # its upstream request, once sent
 
@@ -92,6 +116,7 @@ class ListBatcher:
         self._keys: dict[Key, _KeyState] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._metrics = metrics
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def close(self) -> None:
         for task in list(self._tasks):
@@ -99,7 +124,18 @@ class ListBatcher:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def serve(self, request: ListRequest) -> web.Response | None:
-        """The answer of this request's batch; None: pass it through on its own."""
+        """The answer of this request's batch as aiohttp's server sends it; None: pass it
+        through on its own."""
+        answer = await self.answer(request)
+        if answer is None:
+            return None
+        response = web.Response(status=answer.status, reason=answer.reason, body=answer.body)
+        response.headers.extend(answer.headers)
+        return response
+
+    async def answer(self, request: ListRequest) -> Answer | None:
+        """The answer of this request's batch (the fast lane writes it as it is); None: pass
+        it through on its own."""
         headers, auth = self.forwarder.outgoing_headers(request.headers)
         answer = await self.shared_answer(
             request.raw_path, headers, auth, counted_in=self._metrics.list_batches
@@ -109,9 +145,7 @@ class ListBatcher:
         if isinstance(answer, ProxyError):
             raise answer.with_traceback(None)  # one error object, raised once per member
         self._metrics.lists_batched.inc()
-        response = web.Response(status=answer.status, reason=answer.reason, body=answer.body)
-        response.headers.extend(answer.headers)
-        return response
+        return answer
 
     async def shared_answer(
         self,
@@ -119,7 +153,7 @@ class ListBatcher:
         headers: CIMultiDict[str],
         auth: str | None,
         *,
-        counted_in: Counter,
+        counted_in: Counting,
     ) -> Answer | ProxyError | None:
         """The answer to ``GET path`` from an upstream request sent after this call began,
         shared with every identical call waiting at the same time; None: too big to share."""
@@ -133,7 +167,9 @@ class ListBatcher:
         state = self._keys.setdefault(key, _KeyState())
         batch = state.waiting
         if batch is None:
-            loop = asyncio.get_running_loop()
+            loop = self._loop
+            if loop is None:  # once: each lookup is a getpid() on 3.11
+                loop = self._loop = asyncio.get_running_loop()
             batch = Batch(path, headers, auth, loop.create_future(), counted_in)
             if state.in_flight is None:
                 self._send(key, state, batch)
@@ -141,7 +177,7 @@ class ListBatcher:
                 state.waiting = batch
         batch.members += 1
         try:
-            return await asyncio.shield(batch.answer)
+            return await _outcome(batch.answer)
         finally:
             batch.members -= 1
             if batch.members == 0 and not batch.answer.done():
@@ -159,7 +195,9 @@ class ListBatcher:
     def _send(self, key: Key, state: _KeyState, batch: Batch) -> None:
         state.in_flight = batch
         batch.counted_in.inc()
-        task = asyncio.create_task(self._fetch(key, state, batch), name="watchproxy-list-batch")
+        # The loop's own create_task: asyncio.create_task is a Python function on 3.11.
+        loop = batch.answer.get_loop()
+        task = loop.create_task(self._fetch(key, state, batch), name="watchproxy-list-batch")
         batch.fetch = task
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -207,8 +245,7 @@ class ListBatcher:
                 body = b"".join(chunks)
             ended = True
             headers = CIMultiDict(response_headers(upstream.headers, keep_length=False))
-            with contextlib.suppress(KeyError):
-                del headers["Content-Length"]
+            headers.popall("Content-Length", None)
             return Answer(upstream.status, upstream.reason, headers, body)
         except ProxyError as error:
             log.info("a batched LIST broke: %s", error.message)

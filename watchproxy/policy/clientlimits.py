@@ -3,6 +3,7 @@ watches that keep ending in errors. Pure: the time is an argument; nothing sleep
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Hashable
 
@@ -70,6 +71,10 @@ class ClientRateLimiter(_KeyedBuckets):
         if wait > 0:
             self.rejected_total += 1
         return wait
+
+    def check_now(self, key: Hashable) -> float:
+        """:meth:`check` on the monotonic clock (what the proxy passes its API handler)."""
+        return self.check(key, time.monotonic())
 
 
 class ErroredWatchLimiter(_KeyedBuckets):

@@ -85,7 +85,7 @@ class FairQueue:
 
     def waiting_of(self, key: Hashable) -> int:
         """How many requests of ``key`` wait."""
-        return self._waiting[key]
+        return self._waiting.get(key, 0)  # not [key]: Counter.__missing__ is Python, per request
 
     def ahead_of_new(self, key: Hashable) -> int:
         """How many queued requests a new request of ``key`` would queue behind."""

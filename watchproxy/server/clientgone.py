@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 from types import TracebackType
+from typing import Any
 
 from aiohttp import web
 
@@ -56,19 +57,23 @@ class EndsWithClient:
     it waits and the ``with`` statement then completes normally with :attr:`client_left` True;
     a cancellation from anyone else (shutdown) still propagates, and so does any exception the
     block raises other than the cancellation this scope caused. ``lost=None``: no signal, the
-    block just runs.
+    block just runs. ``task``: the task the block runs in, when the caller holds it (else it is
+    looked up: on 3.11 ``asyncio.current_task`` is a Python function, once per request).
     """
 
     __slots__ = ("_active", "_lost", "_task", "client_left")
 
-    def __init__(self, lost: asyncio.Future[None] | None) -> None:
+    def __init__(
+        self, lost: asyncio.Future[None] | None, task: asyncio.Task[Any] | None = None
+    ) -> None:
         self._lost = lost
-        self._task: asyncio.Task[object] | None = None
+        self._task: asyncio.Task[Any] | None = task
         self._active = False
         self.client_left = False
 
     def __enter__(self) -> EndsWithClient:
-        self._task = asyncio.current_task()
+        if self._task is None:
+            self._task = asyncio.current_task()
         if self._task is None:  # pragma: no cover - handlers always run in a task
             raise RuntimeError("EndsWithClient must be used inside a task")
         self._active = True

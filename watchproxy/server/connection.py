@@ -207,7 +207,7 @@ class GuardedProtocol(asyncio.Protocol):
         lane = self._guard.fast_lane
         assert lane is not None
         try:
-            await lane.serve(head, route, body, self)
+            await lane.serve(head, route, body, self, self._task)
         except Exception:  # a defect: the connection cannot be trusted to frame the next one
             log.exception("error serving %s %s", head.method, head.target[:200])
             self.abort()

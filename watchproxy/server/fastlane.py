@@ -24,14 +24,15 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from http import HTTPStatus
-from typing import Protocol
+from typing import Any, Protocol
 
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy, MultiDictProxy
 from yarl import URL
 
 from watchproxy.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable, status_bytes
-from watchproxy.kube.headers import end_to_end_only, impersonates, response_headers
+from watchproxy.kube.headers import response_headers
+from watchproxy.lists.batch import Answer
 from watchproxy.policy.fairqueue import flow
 from watchproxy.server.api import ApiHandler, flow_key
 from watchproxy.server.clientgone import CLIENT_CLOSED_REQUEST, EndsWithClient
@@ -143,7 +144,7 @@ class FastLane:
         if head.body_length > handler.forwarder.max_body_bytes:
             return None  # aiohttp's path answers the 413
         headers = head.headers
-        if impersonates(headers) or len(head.target) > ROUTE_MEMO_TARGET_CHARS:
+        if head.impersonating or len(head.target) > ROUTE_MEMO_TARGET_CHARS:
             # An impersonating request's verdict depends on every header name: decided each time.
             return self._admitted(head)
         # Otherwise classify() reads only these (an Upgrade never reaches the fast lane), and
@@ -188,16 +189,22 @@ class FastLane:
         return route
 
     async def serve(
-        self, head: RequestHead, route: Route, body: bytes, client: ClientConnection
+        self,
+        head: RequestHead,
+        route: Route,
+        body: bytes,
+        client: ClientConnection,
+        task: asyncio.Task[Any] | None = None,
     ) -> None:
-        """Answer one admitted request on ``client``; counted as the aiohttp path counts it."""
+        """Answer one admitted request on ``client``; counted as the aiohttp path counts it.
+        ``task``: the one this runs in, when the caller holds it."""
         handler = self.handler
         started = self._clock()
         self.served += 1
         handler.in_flight += 1
         sent = _Sent()
         try:
-            with EndsWithClient(client.lost):
+            with EndsWithClient(client.lost, task):
                 await self._answer(head, route, body, client, sent)
         finally:
             handler.in_flight -= 1
@@ -227,6 +234,7 @@ class FastLane:
                     body or None,
                     verb=route.verb,
                     streaming=False,
+                    shared_headers=head.shared,
                 )
         except ProxyError as error:
             client.write(error_reply(error, close=self.handler.draining))
@@ -238,15 +246,14 @@ class FastLane:
             # The whole answer came at once (most do): head and body in one write.
             upstream.release()
             sent.status = status
-            raw = upstream.raw_head
             if (
-                raw
+                upstream.passable
                 and not self.handler.draining
-                and end_to_end_only(upstream.headers)
                 and upstream.content_length == len(whole)
             ):
-                # Nothing in its head is hop-by-hop: it goes on as it came, not rebuilt.
-                client.write(raw + whole)
+                # Nothing in its head is hop-by-hop: it goes on as it came, not rebuilt (nor
+                # parsed into fields: http1.ResponseHead).
+                client.write(upstream.raw_head + whole)
                 return
             headers = response_headers(upstream.headers, keep_length=False)
             client.write(
@@ -264,7 +271,7 @@ class FastLane:
 
     async def _list(
         self, kind: RouteKind, route: Route, listing: RequestHead, key: tuple[str, str, str]
-    ) -> web.Response | None:
+    ) -> web.Response | Answer | None:
         """One LIST service's answer, or None to let the route's next kind answer."""
         handler = self.handler
         assert route.api_path is not None and route.query is not None
@@ -273,19 +280,21 @@ class FastLane:
         with flow(key):  # charged like the pass-through: to the client that asks
             if kind is RouteKind.CONSISTENT_LIST:
                 return await handler.consistent_lists.serve(listing, route.api_path, route.query)
-            return await handler.list_batcher.serve(listing)
+            return await handler.list_batcher.answer(listing)
 
-    def _write_response(self, response: web.Response, client: ClientConnection) -> None:
-        body = response.body
-        assert isinstance(body, bytes), "LIST services answer with whole bodies"
-        headers = CIMultiDict(response.headers)
-        headers.popall("Content-Length", None)
+    def _write_response(self, response: web.Response | Answer, client: ClientConnection) -> None:
+        if isinstance(response, Answer):  # a batch's: its headers are the ones to send
+            body = response.body
+            headers = response.headers
+            reason = _phrase(response.status) if response.reason is None else response.reason
+        else:
+            assert isinstance(response.body, bytes), "LIST services answer with whole bodies"
+            body = response.body
+            headers = CIMultiDict(response.headers)
+            headers.popall("Content-Length", None)
+            reason = response.reason
         head = response_head(
-            response.status,
-            response.reason,
-            headers,
-            length=len(body),
-            close=self.handler.draining,
+            response.status, reason, headers, length=len(body), close=self.handler.draining
         )
         client.write(head + body)
 
@@ -324,6 +333,13 @@ class FastLane:
                 upstream.cut()
         if chunked:
             client.write(_LAST_CHUNK)
+
+
+def _phrase(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:  # a code Python does not name
+        return ""
 
 
 class _Sent:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Mapping
 
 import aiohttp
 from aiohttp import web
-from multidict import CIMultiDict
+from multidict import CIMultiDict, CIMultiDictProxy
 
 from watchproxy.errors import BadRequest, PayloadTooLarge, UpstreamTimeout, UpstreamUnavailable
 from watchproxy.kube.headers import forwarded_credential, request_headers, response_headers
@@ -24,6 +25,8 @@ log = logging.getLogger("watchproxy.passthrough")
 # body of unknown length is read whole, up to the limit: one over the limit is then refused
 # before the apiserver sees any of it, as with a declared length.
 BUFFERED_BODY_BYTES = 65536
+# Client header blocks whose outgoing headers are kept (as many as requesthead keeps blocks).
+OUTGOING_KEPT = 512
 
 
 async def read_body(request: web.Request, limit: int) -> bytes | StreamedBody | None:
@@ -89,6 +92,9 @@ class Forwarder:
         # silently dead upstream connection must not hold the client forever.
         self.stream_idle_timeout = stream_idle_timeout or None
         self._streams: set[UpstreamResponse] = set()
+        # What goes upstream for a client's shared header block (send(shared_headers=True)):
+        # id -> (the block, its outgoing headers, its forwarded credential).
+        self._outgoing: dict[int, tuple[Headers, CIMultiDictProxy[str], str | None]] = {}
 
     def close_streams(self) -> None:
         """At shutdown: end every relayed stream; each client sees a clean end of stream."""
@@ -109,6 +115,20 @@ class Forwarder:
         )
         return headers, forwarded_credential(client_headers, self.forward_identity)
 
+    def _outgoing_of_shared(
+        self, client_headers: Headers
+    ) -> tuple[CIMultiDictProxy[str], str | None]:
+        # By identity: the entry holds the headers, so no other object can take their id.
+        entry = self._outgoing.get(id(client_headers))
+        if entry is not None and entry[0] is client_headers:
+            return entry[1], entry[2]
+        if len(self._outgoing) >= OUTGOING_KEPT:
+            self._outgoing.clear()
+        outgoing, auth = self.outgoing_headers(client_headers)
+        headers = CIMultiDictProxy(outgoing)  # read-only: every request of the block gets it
+        self._outgoing[id(client_headers)] = (client_headers, headers, auth)
+        return headers, auth
+
     async def send(
         self,
         method: str,
@@ -118,10 +138,18 @@ class Forwarder:
         *,
         verb: str,
         streaming: bool,
+        shared_headers: bool = False,
     ) -> UpstreamResponse:
         """Send a client's request upstream; its answer comes back with the body unread.
-        ``target`` is the raw request target the router checked: those exact bytes go."""
-        headers, forwarded_auth = self.outgoing_headers(client_headers)
+        ``target`` is the raw request target the router checked: those exact bytes go.
+        ``shared_headers``: ``client_headers`` is a parse that later requests with the same
+        lines share, never changed (``server.requesthead``): what goes upstream for it is
+        worked out once. ``Upstream.open`` copies what it is given, so it can be shared."""
+        headers: Mapping[str, str]
+        if shared_headers:
+            headers, forwarded_auth = self._outgoing_of_shared(client_headers)
+        else:
+            headers, forwarded_auth = self.outgoing_headers(client_headers)
         return await self.upstream.open(
             method,
             target,

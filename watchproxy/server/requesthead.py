@@ -20,6 +20,8 @@ from typing import NamedTuple
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from watchproxy.kube.headers import impersonates
+
 # aiohttp's own limits (its parser's max_line_size and max_field_size, max_headers): a line
 # over them is aiohttp's to refuse, with its own answer.
 MAX_LINE = 8190
@@ -55,6 +57,11 @@ class RequestHead(NamedTuple):
     headers: CIMultiDictProxy[str]  # read-only: a client's next request may share it
     head_length: int  # bytes up to and including the blank line
     body_length: int  # the declared Content-Length; 0 without one
+    # An Impersonate-* header among them (kube.headers.impersonates), decided once per block.
+    impersonating: bool = False
+    # The headers are a parse kept for later requests with the same lines: the same object
+    # each time, never changed (what is derived from them may be kept with them).
+    shared: bool = False
 
     @property
     def raw_path(self) -> str:
@@ -81,16 +88,18 @@ def parse_request_head(buffer: bytes | bytearray) -> RequestHead | None:
     if len(target) > MAX_LINE - 15:
         raise NotSimple("over aiohttp's limits")
     block = text[line_end + 2 : -2]  # the header lines, each with its CRLF
-    if len(block) > HEADER_BLOCK_CHARS_KEPT:
-        headers, length = _header_block.__wrapped__(block)
+    shared = len(block) <= HEADER_BLOCK_CHARS_KEPT
+    if shared:
+        headers, length, impersonating = _header_block(block)
     else:
-        headers, length = _header_block(block)
-    return RequestHead(method, target, headers, end + 4, length)
+        headers, length, impersonating = _header_block.__wrapped__(block)
+    return RequestHead(method, target, headers, end + 4, length, impersonating, shared)
 
 
 @functools.lru_cache(maxsize=HEADER_BLOCKS_KEPT)
-def _header_block(block: str) -> tuple[CIMultiDictProxy[str], int]:
-    """The headers of a simple request's header lines, and its declared body length."""
+def _header_block(block: str) -> tuple[CIMultiDictProxy[str], int, bool]:
+    """The headers of a simple request's header lines, its declared body length, and whether
+    it impersonates."""
     if _HEADER_LINES.fullmatch(block) is None:
         raise NotSimple("not a plain HTTP/1.1 head")
     fields = _FIELD.findall(block)
@@ -108,11 +117,10 @@ def _header_block(block: str) -> tuple[CIMultiDictProxy[str], int]:
         if not _keeps_alive(value):
             raise NotSimple("a connection that ends or changes protocol")
     lengths = headers.getall("content-length", ())
-    if not lengths:
-        return CIMultiDictProxy(headers), 0
-    if len(lengths) > 1 or not lengths[0].isdigit() or len(lengths[0]) > 15:
+    if len(lengths) > 1 or (lengths and (not lengths[0].isdigit() or len(lengths[0]) > 15)):
         raise NotSimple("a Content-Length to check")
-    return CIMultiDictProxy(headers), int(lengths[0])
+    length = int(lengths[0]) if lengths else 0
+    return CIMultiDictProxy(headers), length, impersonates(headers)
 
 
 def _keeps_alive(value: str) -> bool:

@@ -283,7 +283,7 @@ class Upstream:
                 delay = parse_retry_after(response.headers.get("Retry-After"), time.time())
                 retry_after = delay if delay is not None else 1.0
             self._record(
-                outcome_of(status, response.headers),
+                outcome_of(response),
                 kind=verb,
                 # A stream's headers come before its work: their time says nothing of load.
                 latency=None if streaming else took,

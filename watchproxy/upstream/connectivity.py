@@ -97,6 +97,10 @@ class Connectivity:
         self.backoff = Backoff(policy, rng or random.Random(), clock)
         self._up = asyncio.Event()
         self._down = asyncio.Event()
+        # The two events' states, read by every request (report_ok, Upstream.open): an
+        # attribute read where Event.is_set() is a call into Python on each.
+        self._is_up = False
+        self._is_down = False
         self._wake = asyncio.Event()  # down, or a suspicion: the healthy prober looks now
         self._dial_failures = 0
         self._last_attempt: float | None = None
@@ -108,12 +112,12 @@ class Connectivity:
 
     @property
     def up(self) -> bool:
-        return self._up.is_set()
+        return self._is_up
 
     @property
     def down(self) -> bool:
         """Known to be unreachable (False before the first answer or failure)."""
-        return self._down.is_set()
+        return self._is_down
 
     def start(self) -> None:
         if self._task is None:
@@ -137,23 +141,30 @@ class Connectivity:
         """Any HTTP answer from upstream proves it is reachable."""
         self.last_ok = self._clock()
         self._dial_failures = 0
-        if not self._up.is_set():
+        if not self._is_up:
             log.info("upstream is reachable")
             self.backoff.success()
+            self._set(up=True)
+            self._metrics.upstream_up.set(1)
+
+    def _set(self, *, up: bool) -> None:
+        self._is_up, self._is_down = up, not up
+        if up:
             self._up.set()
             self._down.clear()
-            self._metrics.upstream_up.set(1)
+        else:
+            self._up.clear()
+            self._down.set()
 
     def report_unreachable(self, reason: str | None = None) -> None:
         if reason:
             self.last_error = reason
-        if self._up.is_set() or not self._down.is_set():
+        if self._is_up or not self._is_down:
             log.warning(
                 "upstream is unreachable (%s); probing on the backoff schedule",
                 self.last_error or "no answer",
             )
-        self._up.clear()
-        self._down.set()
+        self._set(up=False)
         self._wake.set()
         self._metrics.upstream_up.set(0)
 
@@ -168,7 +179,7 @@ class Connectivity:
 
     def suspect(self, reason: str) -> None:
         """Something looked wrong (a request timed out) but proves nothing: probe soon."""
-        if not self._up.is_set() or self._wake.is_set():
+        if not self._is_up or self._wake.is_set():
             return
         log.info("checking the upstream (%s)", reason)
         self._wake.set()
@@ -185,7 +196,7 @@ class Connectivity:
     async def _run(self) -> None:
         await self._attempt()
         while True:
-            if self._up.is_set():
+            if self._is_up:
                 # Healthy: probe when asked to (a suspicion), and otherwise only when nothing
                 # else has talked to upstream for a while, so /readyz stays truthful when idle.
                 self._wake.clear()
@@ -198,7 +209,7 @@ class Connectivity:
                     if self.last_ok is None or self._clock() - self.last_ok >= self._idle_interval:
                         await self._attempt()
                     continue
-                if self._up.is_set():
+                if self._is_up:
                     # A suspicion: probe now, but never more often than once a second.
                     last = self._last_attempt
                     if last is not None:

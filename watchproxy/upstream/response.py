@@ -23,7 +23,8 @@ from watchproxy.errors import UpstreamTimeout, UpstreamUnavailable
 from watchproxy.upstream.http1 import Broken, ResponseHead
 
 if TYPE_CHECKING:
-    from watchproxy.upstream.pool import ConnectionPool, PooledConnection
+    from watchproxy.upstream.keepalive import PooledConnection
+    from watchproxy.upstream.pool import ConnectionPool
 
 
 class UpstreamResponse(abc.ABC):
@@ -32,10 +33,15 @@ class UpstreamResponse(abc.ABC):
 
     status: int
     reason: str
-    headers: CIMultiDict[str] | CIMultiDictProxy[str]
     # The head's bytes as they came from the apiserver (HTTP/1.1 on a pooled connection), for
     # a caller that may pass them on unchanged; empty where they are not kept.
     raw_head: bytes = b""
+    # Whether ``raw_head`` may go to a client unchanged: no hop-by-hop field, one Content-Length.
+    passable: bool = False
+
+    @property
+    @abc.abstractmethod
+    def headers(self) -> CIMultiDict[str] | CIMultiDictProxy[str]: ...
 
     @property
     def content_length(self) -> int | None:
@@ -162,10 +168,19 @@ class PooledAnswer(UpstreamResponse):
         self._pool = pool
         self._connection: PooledConnection | None = connection
         self._read_timeout = read_timeout
+        self._head = head
         self.status = head.status
         self.reason = head.reason
-        self.headers = head.headers
         self.raw_head = head.raw
+        self.passable = head.passable
+
+    @property
+    def headers(self) -> CIMultiDict[str]:
+        return self._head.headers  # parsed now, the first time (http1.ResponseHead)
+
+    @property
+    def content_length(self) -> int | None:
+        return self._head.content_length
 
     def whole_body(self) -> bytes | None:
         connection = self._connection
@@ -206,7 +221,10 @@ class StreamAnswer(UpstreamResponse):
         self._response = response
         self.status = response.status
         self.reason = response.reason or ""
-        self.headers = response.headers
+
+    @property
+    def headers(self) -> CIMultiDictProxy[str]:
+        return self._response.headers
 
     async def read(self) -> bytes:
         failure: BaseException | None = None

@@ -10,7 +10,7 @@ down, every socket created and owned by the event loop.
 from __future__ import annotations
 
 import ssl
-from collections.abc import AsyncIterable, Callable, Mapping
+from collections.abc import AsyncIterable, Callable
 
 import aiohttp
 from multidict import CIMultiDict
@@ -164,7 +164,7 @@ class Transports:
         return self._default_ssl
 
 
-def outcome_of(status: int, headers: Mapping[str, str]) -> Outcome:
+def outcome_of(answer: UpstreamResponse) -> Outcome:
     """What an answer says about the apiserver's load.
 
     429 is API Priority and Fairness (or the max-in-flight filter) refusing work. A 5xx counts
@@ -173,9 +173,11 @@ def outcome_of(status: int, headers: Mapping[str, str]) -> Outcome:
     API that is not there (a missing metrics-server answers every discovery with one): cutting
     the limit for that would throttle the whole pod for one broken extension.
     """
+    status = answer.status
     if status == 429:
         return Outcome.THROTTLED
-    if status == 504 or (status >= 500 and "Retry-After" in headers):
+    # The headers only for a 5xx: a pooled answer's fields are parsed when first read.
+    if status == 504 or (status >= 500 and "Retry-After" in answer.headers):
         return Outcome.OVERLOADED
     return Outcome.OK
 
