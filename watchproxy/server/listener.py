@@ -108,14 +108,21 @@ class ConnectionGuard:
 
     def moved(self, protocol: GuardedProtocol, old: State | None, new: State | None) -> None:
         """Book-keeping of ``protocol`` leaving state ``old`` for ``new`` (None: not open)."""
+        # Three moves per request: no dict made for a state that sheds nothing.
         if old is not None:
             self._counts[old] -= 1
-            self._sheddable.get(old, {}).pop(protocol, None)
+            left = self._sheddable.get(old)
+            if left is not None:
+                left.pop(protocol, None)
+            if new is None:
+                self.open -= 1
         if new is not None:
             self._counts[new] += 1
-            if new in self._sheddable:
-                self._sheddable[new][protocol] = None
-        self.open += (new is not None) - (old is not None)
+            entered = self._sheddable.get(new)
+            if entered is not None:
+                entered[protocol] = None
+            if old is None:
+                self.open += 1
 
     def lost_signal(self, transport: Any) -> asyncio.Future[None]:
         """Resolves when the connection of ``transport`` is lost (already resolved if it is).
