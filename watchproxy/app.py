@@ -319,6 +319,8 @@ class Proxy:
                 await runner.cleanup()
         finally:
             # Whatever failed above is raised, after everything else is released.
+            if self._handler is not None:
+                await self._handler.guard.close()
             await self.connectivity.close()
             await self.upstream.close()
             await self.metrics.stop()

@@ -253,3 +253,36 @@ async def test_a_remembered_admission_is_never_an_impersonating_requests(tmp_pat
             assert status == 403
         finally:
             stranger.close()
+
+
+async def test_one_server_task_serves_a_connection_and_ends_with_it(tmp_path: Any) -> None:
+    """A keep-alive connection's fast-lane requests are served in turn by one task of its own,
+    woken for each (not a task per request); it ends when the connection does, and the proxy's
+    stop leaves none behind, idle or not."""
+    async with running_proxy(tmp_path) as running:
+        running.fake.store.create("configmaps", "default", {"metadata": {"name": "a"}})
+        guard = running.proxy.fast_lane.handler.guard
+        first, second = (
+            await Conn.open(running.proxy.api_port),
+            await Conn.open(running.proxy.api_port),
+        )
+        try:
+            for _ in range(5):
+                for conn in (first, second):
+                    conn.send(request("GET", CONFIGMAPS + "/a"))
+                    status, _, body = await conn.answer()
+                    assert status == 200 and json.loads(body)["metadata"]["name"] == "a"
+            tasks = set(guard.connection_tasks)
+            assert len(tasks) == 2 and not guard.fast_tasks  # one each, both idle now
+            first.close()
+            await wait_for(lambda: len(guard.connection_tasks) == 1, what="the first's task")
+            assert all(
+                task.done() and not task.cancelled() for task in tasks - guard.connection_tasks
+            )
+            second.send(request("GET", CONFIGMAPS + "/a"))
+            assert (await second.answer())[0] == 200
+            await running.proxy.stop()
+            assert not guard.connection_tasks and all(task.done() for task in tasks)
+        finally:
+            first.close()
+            second.close()

@@ -6,8 +6,9 @@ request at a time, who serves it:
 
 - ``sniff``: the connection reads the next request's head itself (``server.requesthead``). A
   plain request whose route the fast lane admits (``server.fastlane``) is served there once its
-  body is in: mode ``fast``, until the answer is written; bytes a pipelining client sends
-  meanwhile wait in the buffer, in order.
+  body is in, by the connection's one server task (woken for each request): mode ``fast``,
+  until the answer is written; bytes a pipelining client sends meanwhile wait in the buffer,
+  in order.
 - ``one``: a plain request the fast lane does not serve (a watch, a stream, an upgrade route,
   a refusal) goes to aiohttp's protocol: exactly its head and its declared body, so aiohttp's
   parser ends the message clean. When the API handler finishes it, the connection sniffs again;
@@ -77,7 +78,13 @@ class GuardedProtocol(asyncio.Protocol):
         self._buffer = bytearray()
         self._to_inner = 0  # mode one: bytes of the delegated request still to pass on
         self._admitted: tuple[RequestHead, Route] | None = None  # its body still arriving
-        self._task: asyncio.Task[None] | None = None
+        # The task that serves this connection's fast-lane requests, one after another: made
+        # for its first, then woken for each next. A task per request cost more than the rest
+        # of the connection's own work on it (its creation, and on 3.11 the Python of the
+        # loop's weak set of tasks, on entry and again on exit).
+        self._server: asyncio.Task[None] | None = None
+        self._next: tuple[RequestHead, Route, bytes] | None = None  # for the server to serve
+        self._ready: asyncio.Future[None] | None = None  # the idle server waits on this
         self._writable: asyncio.Future[None] | None = None  # set while writing is paused
         self._reading_paused = False
         # Counted from here, not from connection_made: the loop may accept a whole batch of
@@ -112,6 +119,9 @@ class GuardedProtocol(asyncio.Protocol):
         if not self.lost.done():
             self.lost.set_result(None)  # a fast-lane request in flight ends with it
         self._wake_writer()
+        ready = self._ready
+        if ready is not None and not ready.done():
+            ready.set_result(None)  # the idle server task finds the connection gone and ends
 
     def data_received(self, data: bytes) -> None:
         if self._state == "idle":
@@ -182,8 +192,22 @@ class GuardedProtocol(asyncio.Protocol):
             del self._buffer[:end]
             self._admitted = None
             self._mode = _FAST
-            self._task = self._loop.create_task(self._serve(head, route, body))
-            self._guard.fast_tasks.add(self._task)
+            self._next = (head, route, body)
+            self._wake_server()
+
+    def _wake_server(self) -> None:
+        """Hand ``_next`` to the connection's server task: made now for a first request, woken
+        if idle, and otherwise running already (its loop takes ``_next`` next)."""
+        server = self._server
+        if server is None:
+            server = self._server = self._loop.create_task(self._serve_requests())
+            self._guard.connection_tasks.add(server)
+            server.add_done_callback(self._guard.connection_tasks.discard)
+        else:
+            ready = self._ready
+            if ready is not None and not ready.done():
+                ready.set_result(None)
+        self._guard.fast_tasks.add(server)  # a request in flight (until request_finished)
 
     def _delegate_one(self, length: int) -> None:
         part = bytes(self._buffer[:length])
@@ -203,30 +227,43 @@ class GuardedProtocol(asyncio.Protocol):
         if data:
             self._inner.data_received(data)
 
-    async def _serve(self, head: RequestHead, route: Route, body: bytes) -> None:
+    async def _serve_requests(self) -> None:
+        """This connection's fast-lane requests, in turn, until it closes or the proxy drains."""
         lane = self._guard.fast_lane
         assert lane is not None
-        try:
-            await lane.serve(head, route, body, self, self._task)
-        except Exception:  # a defect: the connection cannot be trusted to frame the next one
-            log.exception("error serving %s %s", head.method, head.target[:200])
-            self.abort()
-        finally:
-            if self._task is not None:
-                self._guard.fast_tasks.discard(self._task)
-            self._task = None
-            self.request_finished()
-        transport = self._transport
-        if transport is None or transport.is_closing():
-            return
-        if lane.handler.draining:
-            transport.close()  # the answer said Connection: close
-            return
-        self._mode = _SNIFF
-        if self._reading_paused:
-            self._reading_paused = False
-            transport.resume_reading()
-        self._sniff()
+        task = self._server
+        while True:
+            request, self._next = self._next, None
+            if request is None:
+                if self._transport is None or self._transport.is_closing():
+                    return
+                ready = self._ready = self._loop.create_future()
+                try:
+                    await ready  # set by _wake_server, or by connection_lost
+                finally:
+                    self._ready = None
+                continue
+            head, route, body = request
+            try:
+                await lane.serve(head, route, body, self, task)
+            except Exception:  # a defect: the connection cannot be trusted to frame the next one
+                log.exception("error serving %s %s", head.method, head.target[:200])
+                self.abort()
+            finally:
+                if task is not None:
+                    self._guard.fast_tasks.discard(task)
+                self.request_finished()
+            transport = self._transport
+            if transport is None or transport.is_closing():
+                return
+            if lane.handler.draining:
+                transport.close()  # the answer said Connection: close
+                return
+            self._mode = _SNIFF
+            if self._reading_paused:
+                self._reading_paused = False
+                transport.resume_reading()
+            self._sniff()  # a request pipelined meanwhile becomes _next
 
     # What the fast lane writes through (server.fastlane.ClientConnection)
 

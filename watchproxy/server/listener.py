@@ -66,6 +66,9 @@ class ConnectionGuard:
         metrics.count_client_connections(lambda: self.open)
         # Set once the API handler exists: requests the connections serve themselves.
         self.fast_lane: FastLane | None = None
+        # Every connection's fast-lane server task (server.connection), and those of them
+        # serving a request now.
+        self.connection_tasks: set[asyncio.Task[None]] = set()
         self.fast_tasks: set[asyncio.Task[None]] = set()
 
     async def finish_fast_lane(self, timeout: float) -> None:
@@ -78,6 +81,14 @@ class ConnectionGuard:
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
+
+    async def close(self) -> None:
+        """After the connections closed: end the server tasks still there (idle ones end by
+        themselves once their connection is lost; this awaits them, or ends them)."""
+        tasks = set(self.connection_tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def _counter(self, state: State) -> Callable[[], float]:
         return lambda: self._counts[state]
