@@ -11,9 +11,11 @@ from watchproxy.kube.headers import HOP_BY_HOP
 from watchproxy.upstream.http1 import (
     EndOfMessage,
     Event,
+    HeaderBlock,
     ProtocolError,
     ResponseHead,
     ResponseParser,
+    encode_fields,
     encode_head,
     parse_head,
     read_head,
@@ -225,3 +227,19 @@ def test_read_fields_are_the_fields_sent(fields: list[tuple[str, str]]) -> None:
     head = head_with(*fields)
     assert list(head.headers.items()) == [(n, v.strip(" \t")) for n, v in fields]
     assert head.content_length == (int(lengths[0]) if lengths else None)
+
+
+def test_a_header_block_is_encoded_once_and_sent_as_any_fields_are() -> None:
+    fields = CIMultiDict([("Accept", "application/json"), ("User-Agent", "ua")])
+    block = HeaderBlock(fields)
+    extra = encode_fields({"Authorization": "Bearer t", "Content-Length": "0"})
+    sent = encode_head("PATCH", "/api/x", "h:1", block, extra=extra)
+    assert sent == encode_head(
+        "PATCH", "/api/x", "h:1", CIMultiDict([*fields.items(), ("Authorization", "Bearer t")]),
+        extra=encode_fields({"Content-Length": "0"}),
+    )  # fmt: skip
+    assert block.encoded is block.encoded  # once
+    broken = HeaderBlock(CIMultiDict({"X": "a\r\nEvil: 1"}))
+    for _ in range(2):  # refused each time it is sent, never kept half-made
+        with pytest.raises(ValueError):
+            encode_head("GET", "/", "h", broken)

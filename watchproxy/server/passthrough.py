@@ -15,6 +15,7 @@ from watchproxy.kube.headers import forwarded_credential, request_headers, respo
 from watchproxy.server.clientgone import started
 from watchproxy.server.routes import Headers
 from watchproxy.upstream.client import StreamedBody, Upstream, UpstreamResponse
+from watchproxy.upstream.http1 import HeaderBlock
 
 log = logging.getLogger("watchproxy.passthrough")
 
@@ -94,7 +95,7 @@ class Forwarder:
         self._streams: set[UpstreamResponse] = set()
         # What goes upstream for a client's shared header block (send(shared_headers=True)):
         # id -> (the block, its outgoing headers, its forwarded credential).
-        self._outgoing: dict[int, tuple[Headers, CIMultiDictProxy[str], str | None]] = {}
+        self._outgoing: dict[int, tuple[Headers, HeaderBlock, str | None]] = {}
 
     def close_streams(self) -> None:
         """At shutdown: end every relayed stream; each client sees a clean end of stream."""
@@ -115,9 +116,7 @@ class Forwarder:
         )
         return headers, forwarded_credential(client_headers, self.forward_identity)
 
-    def _outgoing_of_shared(
-        self, client_headers: Headers
-    ) -> tuple[CIMultiDictProxy[str], str | None]:
+    def _outgoing_of_shared(self, client_headers: Headers) -> tuple[HeaderBlock, str | None]:
         # By identity: the entry holds the headers, so no other object can take their id.
         entry = self._outgoing.get(id(client_headers))
         if entry is not None and entry[0] is client_headers:
@@ -125,7 +124,8 @@ class Forwarder:
         if len(self._outgoing) >= OUTGOING_KEPT:
             self._outgoing.clear()
         outgoing, auth = self.outgoing_headers(client_headers)
-        headers = CIMultiDictProxy(outgoing)  # read-only: every request of the block gets it
+        outgoing.popall("Authorization", None)  # the credential goes beside it: auth
+        headers = HeaderBlock(CIMultiDictProxy(outgoing))  # read-only, encoded once
         self._outgoing[id(client_headers)] = (client_headers, headers, auth)
         return headers, auth
 
@@ -145,7 +145,7 @@ class Forwarder:
         ``shared_headers``: ``client_headers`` is a parse that later requests with the same
         lines share, never changed (``server.requesthead``): what goes upstream for it is
         worked out once. ``Upstream.open`` copies what it is given, so it can be shared."""
-        headers: Mapping[str, str]
+        headers: Mapping[str, str] | HeaderBlock
         if shared_headers:
             headers, forwarded_auth = self._outgoing_of_shared(client_headers)
         else:

@@ -31,7 +31,7 @@ from watchproxy.upstream.bodies import LineTooLong, read_frames, read_lines
 from watchproxy.upstream.connectivity import NO_PROBER, ProbeFailed, Prober
 from watchproxy.upstream.connector import PROBING, DialFailed, UpstreamDown
 from watchproxy.upstream.credentials import UpstreamTarget
-from watchproxy.upstream.http1 import Broken
+from watchproxy.upstream.http1 import Broken, HeaderBlock
 from watchproxy.upstream.response import UpstreamResponse
 from watchproxy.upstream.transports import StreamedBody, Transports, describe, outcome_of
 from watchproxy.upstream.upgrade import BadAnswer, UpgradeAnswer, open_upgrade
@@ -70,17 +70,21 @@ async def _exchange(
     transports: Transports,
     method: str,
     path_qs: str,
-    headers: CIMultiDict[str],
+    headers: CIMultiDict[str] | HeaderBlock,
     body: bytes | StreamedBody | None,
     read_timeout: float | None,
     *,
     streaming: bool,
     deadline: float | None,
+    auth: str | None,
 ) -> UpstreamResponse:
-    """One admitted request's answer head, within ``deadline`` seconds (TimeoutError
-    otherwise): a one-shot request on the pool, whose own timer bounds it, or a stream."""
+    """One admitted request's answer head, within ``deadline`` seconds (else TimeoutError): a
+    one-shot request on the pool (``auth`` goes beside a HeaderBlock), or a stream."""
     if not streaming:
-        return await transports.send(method, path_qs, headers, body, read_timeout, deadline)
+        return await transports.send(
+            method, path_qs, headers, body, read_timeout, deadline, auth=auth
+        )
+    assert not isinstance(headers, HeaderBlock), "a stream's headers are a CIMultiDict"
     stream = transports.stream(method, path_qs, headers, body, read_timeout)
     if deadline is None:
         return await stream
@@ -132,15 +136,16 @@ class Upstream:
         if self._transports is not None:
             self._transports.pool.close_idle()
 
+    def _credential(self, forwarded_auth: str | None) -> str | None:
+        """The Authorization a request carries: the proxy's own, or in forward mode the
+        client's ("" = the client sent none, so the request goes anonymous: None)."""
+        return self.target.auth_header() if forwarded_auth is None else forwarded_auth or None
+
     def _with_credential(
-        self,
-        headers: Mapping[str, str] | CIMultiDict[str] | None,
-        forwarded_auth: str | None,
+        self, headers: Mapping[str, str] | CIMultiDict[str] | None, auth: str | None
     ) -> CIMultiDict[str]:
-        """The request headers plus the credential: the proxy's own, or in forward mode the
-        client's ("" = the client sent none, so the request goes anonymous)."""
+        """The request headers plus the credential ``auth`` (None: none)."""
         send_headers: CIMultiDict[str] = CIMultiDict(headers or {})
-        auth = self.target.auth_header() if forwarded_auth is None else forwarded_auth or None
         if auth is not None:
             send_headers["Authorization"] = auth
         return send_headers
@@ -191,7 +196,7 @@ class Upstream:
         method: str,
         path_qs: str,
         *,
-        headers: Mapping[str, str] | CIMultiDict[str] | None = None,
+        headers: Mapping[str, str] | CIMultiDict[str] | HeaderBlock | None = None,
         body: bytes | StreamedBody | None = None,
         verb: str = "get",
         streaming: bool = False,
@@ -210,6 +215,8 @@ class Upstream:
         A stream goes through aiohttp's client; anything else through a pooled keep-alive
         connection (``upstream.pool``: one write per request, no per-request objects).
         ``forwarded_auth`` replaces the proxy's own credential (``security.identity: forward``).
+        ``headers`` as a HeaderBlock (no Authorization among them) are encoded once for all the
+        requests that send them.
         Raises UpstreamUnavailable / UpstreamTimeout when no HTTP answer comes.
         """
         transports = self._transports
@@ -225,7 +232,13 @@ class Upstream:
         for attempt in range(2):
             if forwarded_auth is None and self.target.exec_source is not None:
                 await self.target.refresh()  # an exec plugin's credential, when it is due
-            send_headers = self._with_credential(headers, forwarded_auth)
+            auth = self._credential(forwarded_auth)
+            send_headers: CIMultiDict[str] | HeaderBlock
+            if isinstance(headers, HeaderBlock) and not streaming:
+                send_headers = headers  # encoded once; the credential goes beside it
+            else:
+                fields = headers.fields if isinstance(headers, HeaderBlock) else headers
+                send_headers = self._with_credential(fields, auth)
             sent = self._clock()  # set again once admitted
             try:
                 if self.limiter.admit_now():  # nothing to wait for: no context manager either
@@ -233,7 +246,7 @@ class Upstream:
                         sent = self._clock()
                         response = await _exchange(
                             transports, method, path_qs, send_headers, body, read_timeout,
-                            streaming=streaming, deadline=deadline,
+                            streaming=streaming, deadline=deadline, auth=auth,
                         )  # fmt: skip
                     finally:
                         self.limiter.release()
@@ -246,7 +259,7 @@ class Upstream:
                         sent = self._clock()
                         response = await _exchange(
                             transports, method, path_qs, send_headers, body, read_timeout,
-                            streaming=streaming, deadline=deadline,
+                            streaming=streaming, deadline=deadline, auth=auth,
                         )  # fmt: skip
             except UpstreamDown:
                 raise self._unavailable() from None
@@ -295,7 +308,7 @@ class Upstream:
                 and attempt == 0
                 and forwarded_auth is None
                 and not isinstance(body, StreamedBody)  # sent already, it cannot be sent again
-                and self.target.invalidate(send_headers.get("Authorization"))
+                and self.target.invalidate(auth)
             ):
                 # A rotated token file or an exec credential the apiserver no longer takes:
                 # get a fresh one and try once more.
@@ -336,7 +349,7 @@ class Upstream:
             raise self._unavailable()
         if forwarded_auth is None:
             await self.target.refresh()
-        send_headers = self._with_credential(headers, forwarded_auth)
+        send_headers = self._with_credential(headers, self._credential(forwarded_auth))
         try:
             async with self.limiter.slot(max_wait=self.max_wait):
                 self.metrics.upstream_connection_attempts.inc()

@@ -119,23 +119,53 @@ class EndOfMessage:
 Event = ResponseHead | bytes | EndOfMessage
 
 
-def encode_head(method: str, target: str, host: str, headers: Mapping[str, str]) -> bytes:
-    """A request head. A value with a line break would let a client add headers of its own
-    choosing upstream; such a request is refused before anything is sent."""
-    parts = [method, " ", target, " HTTP/1.1\r\nHost: ", host, "\r\n"]
-    for name, value in headers.items():
+def encode_fields(fields: Mapping[str, str]) -> str:
+    """Header lines, each ending in CRLF. A line break in a name or a value would let a client
+    add headers of its own choosing upstream: ValueError, before anything is sent."""
+    lines = [f"{name}: {value}\r\n" for name, value in fields.items()]
+    text = "".join(lines)
+    # Checked once, whole: a CR or LF anywhere but at the end of a line is a line break inside
+    # a name or a value.
+    if text.count("\r") != len(lines) or text.count("\n") != len(lines):
+        broken = next(n for n, v in fields.items() if "\r" in n + v or "\n" in n + v)
+        raise ValueError(f"header {broken[:40]!r} holds a line break")
+    for name in fields:
         if ":" in name:
             raise ValueError(f"header {name[:40]!r} holds a colon")
-        parts.append(f"{name}: {value}\r\n")
-    parts.append("\r\n")
-    text = "".join(parts)
-    # Checked once, whole: a CR or LF anywhere but at the end of the head's lines is a line
-    # break inside a name or a value.
-    lines = len(parts) - 4
-    if text.count("\r") != lines or text.count("\n") != lines:
-        broken = next((n for n, v in headers.items() if "\r" in n + v or "\n" in n + v), target)
-        raise ValueError(f"header {broken[:40]!r} holds a line break")
-    return text.encode("latin-1")
+    return text
+
+
+def encode_head(
+    method: str,
+    target: str,
+    host: str,
+    headers: Mapping[str, str] | HeaderBlock,
+    *,
+    extra: str = "",
+) -> bytes:
+    """A request head: its fields, then ``extra`` (lines that end in CRLF, checked by the
+    caller). The target is a client's, as its request line held it (no line break can), or
+    the proxy's own."""
+    fields = headers.encoded if isinstance(headers, HeaderBlock) else encode_fields(headers)
+    head = f"{method} {target} HTTP/1.1\r\nHost: {host}\r\n{fields}{extra}\r\n"
+    return head.encode("latin-1")
+
+
+class HeaderBlock:
+    """Request fields that many requests send alike (what goes upstream for a client's
+    repeated header lines): read-only, and encoded for the wire once, when first sent."""
+
+    __slots__ = ("_encoded", "fields")
+
+    def __init__(self, fields: Mapping[str, str]) -> None:
+        self.fields = fields  # never changed once here: the encoding is kept
+        self._encoded: str | None = None
+
+    @property
+    def encoded(self) -> str:
+        if self._encoded is None:
+            self._encoded = encode_fields(self.fields)
+        return self._encoded
 
 
 def parse_head(head: bytes) -> tuple[int, str, CIMultiDict[str], bool]:

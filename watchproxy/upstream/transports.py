@@ -22,7 +22,7 @@ from watchproxy.metrics import Metrics
 from watchproxy.policy.adaptive import Outcome
 from watchproxy.upstream.connector import DialFailed, SerialConnector, dial_cause
 from watchproxy.upstream.credentials import UpstreamTarget
-from watchproxy.upstream.http1 import Broken, encode_head
+from watchproxy.upstream.http1 import Broken, HeaderBlock, encode_head
 from watchproxy.upstream.pool import ConnectionPool
 from watchproxy.upstream.response import StreamAnswer, UpstreamResponse
 
@@ -100,23 +100,42 @@ class Transports:
         self,
         method: str,
         path_qs: str,
-        headers: CIMultiDict[str],
+        headers: CIMultiDict[str] | HeaderBlock,
         body: bytes | StreamedBody | None,
         read_timeout: float | None,
         deadline: float | None = None,
+        *,
+        auth: str | None = None,
     ) -> UpstreamResponse:
         """A one-shot request on a pooled connection; returns once the answer's head came
-        (TimeoutError when it has not within ``deadline`` seconds)."""
+        (TimeoutError when it has not within ``deadline`` seconds). ``auth``: the credential
+        that goes with a HeaderBlock (other headers carry theirs)."""
         streamed = body if isinstance(body, StreamedBody) else None
+        length: str | None = None
         if streamed is not None:
-            if streamed.length is None:
-                headers["Transfer-Encoding"] = "chunked"
-            else:
-                headers["Content-Length"] = str(streamed.length)
+            length = None if streamed.length is None else str(streamed.length)
         elif isinstance(body, bytes) or method in BODY_METHODS:
-            headers["Content-Length"] = str(len(body) if isinstance(body, bytes) else 0)
+            length = str(len(body) if isinstance(body, bytes) else 0)
+        chunked = streamed is not None and streamed.length is None
+        target = self._path_prefix + path_qs
         try:
-            head = encode_head(method, self._path_prefix + path_qs, self._host_header, headers)
+            if isinstance(headers, HeaderBlock):
+                extra = ""
+                if auth is not None:
+                    if "\r" in auth or "\n" in auth:
+                        raise ValueError("the credential holds a line break")
+                    extra = f"Authorization: {auth}\r\n"
+                if length is not None:
+                    extra += f"Content-Length: {length}\r\n"
+                elif chunked:
+                    extra += "Transfer-Encoding: chunked\r\n"
+                head = encode_head(method, target, self._host_header, headers, extra=extra)
+            else:
+                if length is not None:
+                    headers["Content-Length"] = length
+                elif chunked:
+                    headers["Transfer-Encoding"] = "chunked"
+                head = encode_head(method, target, self._host_header, headers)
         except ValueError as error:
             raise BadRequest(str(error)) from None
         return await self.pool.request(
