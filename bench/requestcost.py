@@ -108,7 +108,8 @@ def main() -> int:
         for workers in (int(n) for n in args.workers.split(",")):
             result = asyncio.run(one_run(kubeconfig, workers, args.seconds, args.profile))
             print(
-                f"N={workers}: {result['per_second']:.0f} req/s, p50 {result['p50_ms']:.2f} ms, "
+                f"N={workers}: {result['per_second']:.0f} req/s ({result['requests']} requests), "
+                f"p50 {result['p50_ms']:.2f} ms, "
                 f"p99 {result['p99_ms']:.2f} ms, errors {result['errors']}, proxy CPU "
                 f"{result['cpu_us_per_request']:.0f} us per request"
                 + (" (under cProfile)" if args.profile else "")
