@@ -84,7 +84,7 @@ class Outgoing(Protocol):
 @dataclass(frozen=True, slots=True)
 class Answer:
     status: int
-    reason: str | None
+    reason: str
     headers: CIMultiDict[str]
     body: bytes
 

@@ -286,7 +286,7 @@ class FastLane:
         if isinstance(response, Answer):  # a batch's: its headers are the ones to send
             body = response.body
             headers = response.headers
-            reason = _phrase(response.status) if response.reason is None else response.reason
+            reason = response.reason
         else:
             assert isinstance(response.body, bytes), "LIST services answer with whole bodies"
             body = response.body
@@ -333,13 +333,6 @@ class FastLane:
                 upstream.cut()
         if chunked:
             client.write(_LAST_CHUNK)
-
-
-def _phrase(status: int) -> str:
-    try:
-        return HTTPStatus(status).phrase
-    except ValueError:  # a code Python does not name
-        return ""
 
 
 class _Sent:

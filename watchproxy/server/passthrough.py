@@ -13,6 +13,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from watchproxy.errors import BadRequest, PayloadTooLarge, UpstreamTimeout, UpstreamUnavailable
 from watchproxy.kube.headers import forwarded_credential, request_headers, response_headers
 from watchproxy.server.clientgone import started
+from watchproxy.server.requesthead import HEADER_BLOCKS_KEPT
 from watchproxy.server.routes import Headers
 from watchproxy.upstream.client import StreamedBody, Upstream, UpstreamResponse
 from watchproxy.upstream.http1 import HeaderBlock
@@ -26,8 +27,6 @@ log = logging.getLogger("watchproxy.passthrough")
 # body of unknown length is read whole, up to the limit: one over the limit is then refused
 # before the apiserver sees any of it, as with a declared length.
 BUFFERED_BODY_BYTES = 65536
-# Client header blocks whose outgoing headers are kept (as many as requesthead keeps blocks).
-OUTGOING_KEPT = 512
 
 
 async def read_body(request: web.Request, limit: int) -> bytes | StreamedBody | None:
@@ -121,7 +120,7 @@ class Forwarder:
         entry = self._outgoing.get(id(client_headers))
         if entry is not None and entry[0] is client_headers:
             return entry[1], entry[2]
-        if len(self._outgoing) >= OUTGOING_KEPT:
+        if len(self._outgoing) >= HEADER_BLOCKS_KEPT:  # as many as requesthead keeps
             self._outgoing.clear()
         outgoing, auth = self.outgoing_headers(client_headers)
         outgoing.popall("Authorization", None)  # the credential goes beside it: auth

@@ -111,12 +111,15 @@ class Transports:
         (TimeoutError when it has not within ``deadline`` seconds). ``auth``: the credential
         that goes with a HeaderBlock (other headers carry theirs)."""
         streamed = body if isinstance(body, StreamedBody) else None
-        length: str | None = None
+        # The body's framing field, if any: beside a HeaderBlock, or in the headers.
+        framing: tuple[str, str] | None = None
         if streamed is not None:
-            length = None if streamed.length is None else str(streamed.length)
+            if streamed.length is None:
+                framing = ("Transfer-Encoding", "chunked")
+            else:
+                framing = ("Content-Length", str(streamed.length))
         elif isinstance(body, bytes) or method in BODY_METHODS:
-            length = str(len(body) if isinstance(body, bytes) else 0)
-        chunked = streamed is not None and streamed.length is None
+            framing = ("Content-Length", str(len(body) if isinstance(body, bytes) else 0))
         target = self._path_prefix + path_qs
         try:
             if isinstance(headers, HeaderBlock):
@@ -125,16 +128,12 @@ class Transports:
                     if "\r" in auth or "\n" in auth:
                         raise ValueError("the credential holds a line break")
                     extra = f"Authorization: {auth}\r\n"
-                if length is not None:
-                    extra += f"Content-Length: {length}\r\n"
-                elif chunked:
-                    extra += "Transfer-Encoding: chunked\r\n"
+                if framing is not None:
+                    extra += f"{framing[0]}: {framing[1]}\r\n"
                 head = encode_head(method, target, self._host_header, headers, extra=extra)
             else:
-                if length is not None:
-                    headers["Content-Length"] = length
-                elif chunked:
-                    headers["Transfer-Encoding"] = "chunked"
+                if framing is not None:
+                    headers[framing[0]] = framing[1]
                 head = encode_head(method, target, self._host_header, headers)
         except ValueError as error:
             raise BadRequest(str(error)) from None
