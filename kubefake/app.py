@@ -18,6 +18,7 @@ from .stats import RequestRecord, now
 HEALTH_PATHS = ("/healthz", "/readyz", "/livez")
 PUBLIC_PATHS = (*HEALTH_PATHS, "/version", "/version/")
 MAX_BODY = 3 * 1024 * 1024  # the apiserver's request body limit
+USER = "default"  # the service account the token is (in namespace default)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -121,6 +122,28 @@ def build_app(ctx: ServerContext) -> web.Application:
             raise NotFound("the server could not find the requested resource")
         return json_response(request, doc)
 
+    async def access_review(request: web.Request) -> web.Response:
+        # SelfSubjectAccessReview: allowed unless faults.forbid() names the resource.
+        review = await request.json()
+        attributes = review.get("spec", {}).get("resourceAttributes", {})
+        resource = attributes.get("resource", "")
+        if attributes.get("subresource"):
+            resource += "/" + attributes["subresource"]
+        allowed = ctx.faults.allows(resource)
+        review["status"] = {"allowed": allowed} if allowed else {"allowed": False, "reason": ""}
+        return json_response(request, review, status=201)
+
+    async def whoami(request: web.Request) -> web.Response:
+        # SelfSubjectReview: the one user kubefake knows, as the 403s of faults.forbid name it.
+        user = {"username": f"system:serviceaccount:default:{USER}", "groups": []}
+        answer = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "SelfSubjectReview",
+            "metadata": {},
+            "status": {"userInfo": user},
+        }
+        return json_response(request, answer, status=201)
+
     async def not_found(request: web.Request) -> web.Response:
         raise NotFound("the server could not find the requested resource")
 
@@ -132,6 +155,8 @@ def build_app(ctx: ServerContext) -> web.Application:
         app.router.add_get("/version" + suffix, version)
         app.router.add_get("/api" + suffix, api_root)
         app.router.add_get("/apis" + suffix, apis_root)
+    app.router.add_post("/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", access_review)
+    app.router.add_post("/apis/authentication.k8s.io/v1/selfsubjectreviews", whoami)
     app.router.add_route("*", "/api/{tail:.+}", api_path)
     app.router.add_route("*", "/apis/{tail:.+}", api_path)
     app.router.add_get("/openapi/v3", openapi_v3)

@@ -160,6 +160,11 @@ class Faults:
         """Requests on ``resource`` (such as ``pods/exec``) get the apiserver's RBAC 403."""
         (self._forbidden.add if forbidden else self._forbidden.discard)(resource)
 
+    def allows(self, resource: str) -> bool:
+        """Whether the one user may act on ``resource`` (``pods/exec``: with its subresource),
+        as a SelfSubjectAccessReview tells it."""
+        return resource not in self._forbidden
+
     def check_allowed(self, resource: str, name: str, namespace: str | None) -> None:
         if resource in self._forbidden:
             group_resource = resource.partition("/")[0]

@@ -17,6 +17,7 @@ from watchproxy.hub.multiplexer import Hub
 from watchproxy.lists.batch import ListBatcher
 from watchproxy.lists.cached import CachedLists
 from watchproxy.lists.consistent import ConsistentLists
+from watchproxy.lists.sharedaccess import SharedAccess
 from watchproxy.metrics import Metrics
 from watchproxy.policy.access import AccessPolicy
 from watchproxy.policy.adaptive import AdaptiveLimit, AdaptiveSettings
@@ -152,6 +153,14 @@ class Proxy:
                 max_watches=config.limits.max_watches,
                 rng=self.rng,
             )
+        # Forward identity mode: shared state only for clients the apiserver authorizes now.
+        self.shared_access: SharedAccess | None = None
+        if self.hub is not None and config.security.identity == "forward":
+            self.shared_access = SharedAccess(
+                self.upstream,
+                ttl=config.security.authorization_cache_seconds,
+                metrics=self.metrics,
+            )
         self.consistent_lists: ConsistentLists | None = None
         if self.hub is not None and config.hub.consistent_list_wait_seconds > 0:
             self.consistent_lists = ConsistentLists(
@@ -159,6 +168,7 @@ class Proxy:
                 self.forwarder,
                 wait_seconds=config.hub.consistent_list_wait_seconds,
                 metrics=self.metrics,
+                access=self.shared_access,
             )
         self._handler: ApiHandler | None = None
         # Serves plain one-shot requests without aiohttp's server (server.fastlane).
@@ -223,7 +233,11 @@ class Proxy:
             ),
             allowed_hosts=self.config.listen.allowed_hosts,
             hub=(
-                HubEndpoint(self.hub, CachedLists(self.hub, self.metrics))
+                HubEndpoint(
+                    self.hub,
+                    CachedLists(self.hub, self.metrics, self.shared_access),
+                    self.shared_access,
+                )
                 if self.hub is not None
                 else None
             ),
@@ -311,6 +325,8 @@ class Proxy:
                 await self.list_batcher.close()
             if self.consistent_lists is not None:
                 await self.consistent_lists.close()
+            if self.shared_access is not None:
+                await self.shared_access.close()
             if self._handler is not None:
                 await self._handler.guard.finish_fast_lane(grace / 2)
             # The API runner waits for the handlers still finishing (half the grace), then

@@ -208,28 +208,22 @@ class Metrics:
         )
         # Watch hub.
         self.shared_watches = add(
-            Gauge,
-            "watchproxy_shared_watches",
+            Gauge, "watchproxy_shared_watches",
             "Shared upstream watches (one per distinct watch key).",
-        )
+        )  # fmt: skip
         self.subscribers = add(
-            Gauge,
-            "watchproxy_watch_subscribers",
-            "Client watches served by the hub, by resource.",
-            ["resource"],
-        )
+            Gauge, "watchproxy_watch_subscribers",
+            "Client watches served by the hub, by resource.", ["resource"],
+        )  # fmt: skip
         self.events_received = add(
-            Counter,
-            "watchproxy_watch_events_received",
-            "Events received from upstream watches, by resource.",
-            ["resource"],
-        )
+            Counter, "watchproxy_watch_events_received",
+            "Events received from upstream watches, by resource.", ["resource"],
+        )  # fmt: skip
         self.events_sent = add(
-            Counter,
-            "watchproxy_watch_events_sent",
+            Counter, "watchproxy_watch_events_sent",
             "Events written to client watches (replays and synthetic ADDED too), by resource.",
             ["resource"],
-        )
+        )  # fmt: skip
         self.fanout_delay = add(
             Histogram, "watchproxy_fanout_delay_seconds",
             "How long a key's fan-out held new events to write them to its caught-up clients "
@@ -237,11 +231,9 @@ class Metrics:
             buckets=LOOP_LAG_BUCKETS,
         )  # fmt: skip
         self.bytes_sent = add(
-            Counter,
-            "watchproxy_watch_sent_bytes",
-            "Bytes written to client watch streams, by resource.",
-            ["resource"],
-        )
+            Counter, "watchproxy_watch_sent_bytes",
+            "Bytes written to client watch streams, by resource.", ["resource"],
+        )  # fmt: skip
         self.history_events = add(
             Gauge, "watchproxy_watch_history_events",
             "Events held in the history rings of all shared watches.",
@@ -260,35 +252,29 @@ class Metrics:
         )
         # history_budget_bytes: the configured cap on the sum of history_bytes (0: none).
         self.history_budget_bytes = add(
-            Gauge,
-            "watchproxy_history_budget_bytes",
+            Gauge, "watchproxy_history_budget_bytes",
             "Upper bound on the bytes all history rings may hold together (0 means no bound).",
-        )
+        )  # fmt: skip
         self.cache_bytes = add(
-            Gauge,
-            "watchproxy_cache_bytes",
+            Gauge, "watchproxy_cache_bytes",
             "Bytes of cached objects (the current state of every shared watch) held in total.",
-        )
+        )  # fmt: skip
         self.cache_budget_bytes = add(
-            Gauge,
-            "watchproxy_cache_budget_bytes",
+            Gauge, "watchproxy_cache_budget_bytes",
             "Upper bound on watchproxy_cache_bytes when a new key is listed (0 means no bound).",
-        )
+        )  # fmt: skip
         self.replays = add(
-            Counter,
-            "watchproxy_watch_replays",
+            Counter, "watchproxy_watch_replays",
             "Client watches started from a resourceVersion served from the history ring.",
-        )
+        )  # fmt: skip
         self.expired = add(
-            Counter,
-            "watchproxy_watch_expired",
+            Counter, "watchproxy_watch_expired",
             "In-stream 410 Expired written by the hub (an RV a relist made ambiguous).",
-        )
+        )  # fmt: skip
         self.slow_subscribers = add(
-            Counter,
-            "watchproxy_watch_slow_subscribers_ended",
+            Counter, "watchproxy_watch_slow_subscribers_ended",
             "Client watches ended because they fell too far behind.",
-        )
+        )  # fmt: skip
         self.relist_group_cuts = add(
             Counter,
             "watchproxy_watch_relist_group_cuts",
@@ -296,10 +282,9 @@ class Metrics:
             "went away): a client resuming at the group's resourceVersion misses its rest.",
         )
         self.relists = add(
-            Counter,
-            "watchproxy_watch_relists",
+            Counter, "watchproxy_watch_relists",
             "Relists of a shared watch after the upstream answered 410 Expired.",
-        )
+        )  # fmt: skip
         self.lists_batched = add(
             LoopCounter,
             "watchproxy_lists_batched",
@@ -307,10 +292,9 @@ class Metrics:
             "with identical requests that arrived while the previous one was in flight.",
         )
         self.list_batches = add(
-            LoopCounter,
-            "watchproxy_list_batches",
+            LoopCounter, "watchproxy_list_batches",
             "Upstream LISTs sent for batches of identical LIST requests (see lists_batched).",
-        )
+        )  # fmt: skip
         self.consistent_lists = add(
             Counter,
             "watchproxy_consistent_lists",
@@ -329,16 +313,28 @@ class Metrics:
             "consistent LISTs (shared by concurrent ones) and watches from now (one each).",
         )
         self.lists_from_cache = add(
-            Counter,
-            "watchproxy_lists_from_cache",
+            Counter, "watchproxy_lists_from_cache",
             "LIST requests with resourceVersion=0 answered from a shared watch's state.",
-        )
+        )  # fmt: skip
         self.passthrough_watches = add(
-            Counter,
-            "watchproxy_watch_passthrough",
+            Counter, "watchproxy_watch_passthrough",
             "Client watches passed through unshared (the hub cannot serve them), by reason.",
             ["reason"],
-        )
+        )  # fmt: skip
+        # security.identity: forward (lists.sharedaccess).
+        self.authorization_reviews = add(
+            Counter, "watchproxy_authorization_reviews",
+            "SelfSubjectAccessReviews sent upstream with a client's credential before serving "
+            "it shared state (security.identity: forward), by outcome: allowed, denied, pass "
+            "(the apiserver answers the client itself) or unanswered (no answer, 5xx, 429).",
+            ["outcome"],
+        )  # fmt: skip
+        self.authorization_verdicts = add(
+            Counter, "watchproxy_authorization_verdicts",
+            "Requests the hub would serve from shared state in forward identity mode, by the "
+            "verdict applied (from the cache or a review): allowed (served), denied (answered "
+            "403) or pass (passed through to the apiserver).", ["verdict"],
+        )  # fmt: skip
         # The children touched by every proxied request, looked up once each.
         self.requests_by: Children[Counter] = Children(self.requests)
         self.request_duration_by: Children[Histogram] = Children(self.request_duration)

@@ -144,6 +144,7 @@ def _check(config: Config, where: str) -> None:
         "limits.shutdown_grace_seconds": config.limits.shutdown_grace_seconds,
         "upstream.token_reload_seconds": config.upstream.token_reload_seconds,
         "upstream.stream_idle_timeout_seconds": config.upstream.stream_idle_timeout_seconds,
+        "security.authorization_cache_seconds": config.security.authorization_cache_seconds,
     }
     for key, value in non_negative.items():
         if value < 0:

@@ -115,6 +115,9 @@ class SecurityConfig:
     impersonation: Literal["refuse", "forward"] = "refuse"
     rules: tuple[AccessRule, ...] = ()
     read_only: bool = False
+    # identity: forward: how long the apiserver's verdict on a client's access to shared state
+    # is kept (a revocation reaches new requests within it); 0 asks for every request.
+    authorization_cache_seconds: float = 5.0
 
 
 @dataclass(frozen=True)

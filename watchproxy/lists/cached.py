@@ -12,23 +12,33 @@ from watchproxy.kube.apipath import ApiPath
 from watchproxy.kube.watchquery import WatchQuery
 from watchproxy.lists.cover import cached_cover
 from watchproxy.lists.ports import ListRequest, SharedWatches
+from watchproxy.lists.sharedaccess import SharedAccess
 from watchproxy.metrics import Metrics
 
 
 class CachedLists:
     """Answers a LIST with resourceVersion=0 from the state of a synced shared watch that
-    covers it, or returns None to let the route's next kind answer."""
+    covers it, or returns None to let the route's next kind answer. With ``access`` (forward
+    identity mode) only to a client the apiserver authorizes for that LIST now."""
 
-    def __init__(self, hub: SharedWatches, metrics: Metrics) -> None:
+    def __init__(
+        self, hub: SharedWatches, metrics: Metrics, access: SharedAccess | None = None
+    ) -> None:
         self.hub = hub
         self.metrics = metrics
+        self.access = access
 
-    def serve(
+    async def serve(
         self, request: ListRequest, api_path: ApiPath, query: WatchQuery
     ) -> web.Response | None:
         cover = cached_cover(self.hub, api_path, query, request.headers)
         if cover is None:
             return None
+        if self.access is not None:
+            admitted = await self.access.admit(request.headers, "list", api_path, query)
+            if admitted is not True:
+                # Passed through, or the apiserver's 403.
+                return admitted if isinstance(admitted, web.Response) else None
         body = cover.list_body()
         self.metrics.lists_from_cache.inc()
         answer = web.Response(body=body)

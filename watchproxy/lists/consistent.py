@@ -24,6 +24,7 @@ from watchproxy.lists.cover import Cover, consistent_cover
 from watchproxy.lists.fresh import looks_busy, wait_current
 from watchproxy.lists.pages import Snapshots, decode_continue, page_of
 from watchproxy.lists.ports import ListRequest, SharedWatches
+from watchproxy.lists.sharedaccess import SharedAccess
 from watchproxy.metrics import Metrics
 
 
@@ -49,9 +50,12 @@ class ConsistentLists:
         *,
         wait_seconds: float,
         metrics: Metrics,
+        access: SharedAccess | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.hub = hub
+        # Forward identity mode: who may read a shared watch's state (lists.sharedaccess).
+        self.access = access
         # Its own batcher: probes are shared even when limits.list_batch_max_bytes is 0. Only
         # its shared_answer is used, which counts each probe in freshness_probes.
         self.probes = ListBatcher(forwarder, max_bytes=PROBE_MAX_BYTES, metrics=metrics)
@@ -70,10 +74,18 @@ class ConsistentLists:
         if self.wait <= 0:
             return None
         if query.continue_token:
+            if consistent_cover(self.hub, api_path, query, request.headers) is None:
+                return None
+            admitted = await self._admitted(request, api_path, query)
+            if admitted is not True:
+                return admitted if isinstance(admitted, web.Response) else None
             return self._next_page(api_path, query, request.headers)
         cover = consistent_cover(self.hub, api_path, query, request.headers)
         if cover is None:
             return None
+        admitted = await self._admitted(request, api_path, query)
+        if admitted is not True:
+            return admitted if isinstance(admitted, web.Response) else None
         # More objects than the limit: page 1 of several (a limit below 1 is no limit).
         paged = query.limit is not None and 0 < query.limit < cover.count()
         outcomes = self.metrics.consistent_lists
@@ -94,6 +106,15 @@ class ConsistentLists:
         self.snapshots.put(cover.shared, cover.namespace, snapshot)
         page = page_of(snapshot, None, query.limit or 0, _key_prefix(api_path))
         return self._answer(cover, cover.page_body(snapshot, page))
+
+    async def _admitted(
+        self, request: ListRequest, api_path: ApiPath, query: WatchQuery
+    ) -> web.Response | bool:
+        """True when the client may be served from shared state; else False (the LIST goes
+        upstream) or the apiserver's 403 to answer with."""
+        if self.access is None:
+            return True
+        return await self.access.admit(request.headers, "list", api_path, query)
 
     def _next_page(
         self, api_path: ApiPath, query: WatchQuery, headers: Headers

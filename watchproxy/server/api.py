@@ -49,7 +49,7 @@ class WatchServer(Protocol):
         self, request: web.Request, api_path: ApiPath, query: WatchQuery
     ) -> web.StreamResponse | None: ...
 
-    def serve_list(
+    async def serve_list(
         self, request: ListRequest, api_path: ApiPath, query: WatchQuery
     ) -> web.Response | None: ...
 
@@ -81,7 +81,7 @@ class Declines:
     async def serve(self, request: ListRequest, *args: object) -> None:
         return None
 
-    def serve_list(self, request: ListRequest, *args: object) -> None:
+    async def serve_list(self, request: ListRequest, *args: object) -> None:
         return None
 
     async def answer(self, request: ListRequest) -> None:
@@ -306,7 +306,7 @@ class ApiHandler:
 
     async def _cached_list(self, request: web.Request, route: Route) -> web.Response | None:
         assert route.api_path is not None and route.query is not None
-        return self.hub.serve_list(request, route.api_path, route.query)
+        return await self.hub.serve_list(request, route.api_path, route.query)
 
     async def _consistent_list(self, request: web.Request, route: Route) -> web.Response | None:
         assert route.api_path is not None and route.query is not None

@@ -276,7 +276,7 @@ class FastLane:
         handler = self.handler
         assert route.api_path is not None and route.query is not None
         if kind is RouteKind.CACHED_LIST:
-            return handler.hub.serve_list(listing, route.api_path, route.query)
+            return await handler.hub.serve_list(listing, route.api_path, route.query)
         with flow(key):  # charged like the pass-through: to the client that asks
             if kind is RouteKind.CONSISTENT_LIST:
                 return await handler.consistent_lists.serve(listing, route.api_path, route.query)

@@ -13,11 +13,13 @@ from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
 
 from watchproxy.hub.multiplexer import Hub, Refusal
+from watchproxy.hub.watchkey import Unservable
 from watchproxy.kube.apipath import ApiPath
 from watchproxy.kube.contentcoding import GZIP, IDENTITY, gzip_member, watch_coding
 from watchproxy.kube.watchquery import WatchQuery
 from watchproxy.lists.cached import CachedLists
 from watchproxy.lists.ports import ListRequest
+from watchproxy.lists.sharedaccess import SharedAccess
 from watchproxy.server.clientgone import started
 
 
@@ -151,15 +153,26 @@ class _Starter:
 
 class HubEndpoint:
     """The hub behind the API handler's ``WatchServer`` protocol; its LISTs with
-    resourceVersion=0 are answered by ``lists``, from the same shared watches."""
+    resourceVersion=0 are answered by ``lists``, from the same shared watches. With ``access``
+    (forward identity mode) a watch is served from a shared watch only to a client the
+    apiserver authorizes to watch it now."""
 
-    def __init__(self, hub: Hub, lists: CachedLists) -> None:
+    def __init__(self, hub: Hub, lists: CachedLists, access: SharedAccess | None = None) -> None:
         self.hub = hub
         self.lists = lists
+        self.access = access
 
     async def serve(
         self, request: web.Request, api_path: ApiPath, query: WatchQuery
     ) -> web.StreamResponse | None:
+        access = self.access
+        if access is not None and not isinstance(
+            self.hub.key_of(api_path, query, request.headers), Unservable
+        ):
+            admitted = await access.admit(request.headers, "watch", api_path, query)
+            if admitted is not True:
+                # Passed through (the apiserver answers), or the apiserver's 403.
+                return admitted if isinstance(admitted, web.Response) else None
         # The apiserver reads only the first Accept-Encoding header; so does headers.get.
         starter = _Starter(request, watch_coding(query, request.headers.get("Accept-Encoding")))
         served = await self.hub.serve(api_path, query, request.headers, starter)
@@ -173,7 +186,7 @@ class HubEndpoint:
             raise RuntimeError("the hub streamed a watch it never started")
         return starter.response
 
-    def serve_list(
+    async def serve_list(
         self, request: ListRequest, api_path: ApiPath, query: WatchQuery
     ) -> web.Response | None:
-        return self.lists.serve(request, api_path, query)
+        return await self.lists.serve(request, api_path, query)
