@@ -103,8 +103,8 @@ async def test_each_identity_and_each_request_gets_its_own_verdict() -> None:
     authorizer = Authorizer(reviews, ttl=5.0, clock=Clock())
     await authorizer.check("sha256:a", CONFIGMAPS, "Bearer a")
     await authorizer.check("sha256:b", CONFIGMAPS, "Bearer b")
-    await authorizer.check("sha256:a", dataclasses.replace(CONFIGMAPS, verb="watch"), "Bearer a")
-    await authorizer.check("sha256:a", dataclasses.replace(CONFIGMAPS, name="x"), "Bearer a")
+    await authorizer.check("sha256:a", CONFIGMAPS._replace(verb="watch"), "Bearer a")
+    await authorizer.check("sha256:a", CONFIGMAPS._replace(name="x"), "Bearer a")
     await authorizer.check("sha256:a", CONFIGMAPS, "Bearer a")
     assert [credential for _, credential in reviews.asked] == ["Bearer a", "Bearer b"] + [
         "Bearer a"
@@ -240,7 +240,7 @@ def test_forbidden_status_is_the_apiservers() -> None:
         'API group "apps" at the cluster scope: RBAC: x'
     )
     assert cluster["details"] == {"group": "apps", "kind": "deployments"}
-    named = forbidden_status(dataclasses.replace(CONFIGMAPS, name="one"), verdict)
+    named = forbidden_status(CONFIGMAPS._replace(name="one"), verdict)
     assert named["message"].startswith('configmaps "one" is forbidden: User ')
     assert named["details"] == {"name": "one", "kind": "configmaps"}
     # The apiserver escapes what could read as HTML in its part of the message, not the reason.

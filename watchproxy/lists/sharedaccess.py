@@ -22,6 +22,7 @@ proxy, which the apiserver authorized when the shared watch started.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 from typing import Any
@@ -64,6 +65,8 @@ class SharedAccess:
         self.upstream = upstream
         self.metrics = metrics
         self.authorizer = Authorizer(self._review, ttl=ttl)
+        # Looked up once: every request for shared state counts one.
+        self._verdicts = {d: metrics.authorization_verdicts.labels(d.value) for d in Decision}
 
     async def admit(
         self, headers: Headers, verb: str, api_path: ApiPath, query: WatchQuery | None
@@ -76,7 +79,7 @@ class SharedAccess:
         decision = verdict.decision
         if decision is Decision.DENIED and not _reads_json(headers.get("Accept")):
             decision = Decision.PASS  # the apiserver answers in the encoding the client reads
-        self.metrics.authorization_verdicts.labels(decision.value).inc()
+        self._verdicts[decision].inc()
         if decision is Decision.ALLOWED:
             return True
         if decision is Decision.PASS:
@@ -145,6 +148,9 @@ class SharedAccess:
         await self.authorizer.close()
 
 
+# A pod's programs ask for the same few collections over and over: each request's attributes
+# are worked out once (ApiPath and WatchQuery are immutable values).
+@functools.lru_cache(maxsize=1024)
 def attributes_of(verb: str, api_path: ApiPath, query: WatchQuery | None) -> Attributes:
     """The attributes the apiserver authorizes ``verb`` on ``api_path`` with ``query`` by."""
     name = api_path.name or ""

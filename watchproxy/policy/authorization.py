@@ -24,7 +24,7 @@ import enum
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 REVIEW_PATH = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
 WHOAMI_PATH = "/apis/authentication.k8s.io/v1/selfsubjectreviews"
@@ -34,9 +34,11 @@ WHOAMI_BODY = b'{"apiVersion":"authentication.k8s.io/v1","kind":"SelfSubjectRevi
 MAX_VERDICTS = 4096
 
 
-@dataclass(frozen=True, slots=True)
-class Attributes:
+class Attributes(NamedTuple):
     """What the apiserver authorizes a resource request by (its ``authorizer.Attributes``).
+
+    A tuple: it is hashed for every request served from shared state, and a tuple's hash is
+    the interpreter's, not generated Python.
 
     ``name`` is set for a list or watch whose field selector requires one ``metadata.name``, as
     the apiserver's request-info resolver sets it (RBAC ``resourceNames`` then apply). The
@@ -199,8 +201,7 @@ def _go_quote(text: str) -> str:
     return "".join(out)
 
 
-@dataclass(frozen=True, slots=True)
-class AccessKey:
+class AccessKey(NamedTuple):
     """One verdict's key: who (a digest of the credential, never the credential) and what."""
 
     identity: str
