@@ -1,7 +1,8 @@
 """LISTs with resourceVersion=0 ("any state"), answered from a synced shared watch.
 
 Like the apiserver's watch cache, this answers without an upstream request, and keeps answering
-while the apiserver is unreachable.
+while the apiserver is unreachable (in forward identity mode, while the client's kept verdict
+lasts: see ``lists.sharedaccess``).
 """
 
 from __future__ import annotations
