@@ -190,7 +190,12 @@ async def test_no_credential_in_logs_metrics_or_debug_while_reviewing(
         async with session.get(base + "?watch=1&timeoutSeconds=30", headers=auth) as watch:
             await watch.content.readline()
             await get(session, base + "?resourceVersion=0", auth)
-            await get(session, base + "?resourceVersion=0", stranger)  # 401: passed through
+            # A watch the hub would serve it: the review is answered 401, so the watch passes
+            # through and gets the apiserver's 401.
+            watch = base + "?watch=1&timeoutSeconds=1"
+            assert (await get(session, watch, stranger))[0] == 401
+            reviews = "watchproxy_authorization_reviews_total"
+            assert sample(running, reviews, {"outcome": "pass"}) == 1
             fake.faults.fail_next(1, 500)
             await until_status(session, base + "?resourceVersion=0", auth, 200)
             fake.faults.forbid("configmaps")
