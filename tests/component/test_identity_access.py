@@ -192,8 +192,8 @@ async def test_no_credential_in_logs_metrics_or_debug_while_reviewing(
             await get(session, base + "?resourceVersion=0", auth)
             # A watch the hub would serve it: the review is answered 401, so the watch passes
             # through and gets the apiserver's 401.
-            watch = base + "?watch=1&timeoutSeconds=1"
-            assert (await get(session, watch, stranger))[0] == 401
+            stranger_watch = base + "?watch=1&timeoutSeconds=1"
+            assert (await get(session, stranger_watch, stranger))[0] == 401
             reviews = "watchproxy_authorization_reviews_total"
             assert sample(running, reviews, {"outcome": "pass"}) == 1
             fake.faults.fail_next(1, 500)
