@@ -239,7 +239,9 @@ def per_object_problems(got: list[Change], log: ChangeLog, from_rv: int) -> list
     for event in got:
         received.setdefault(event.name, []).append(event)
     names = sorted(set(record) | set(received))
-    cuts = sorted({log.start_rv, *(c.rv for c in log.changes)})
+    # A relist's resourceVersion is the store's at the time, which the record may not hold
+    # (writes elsewhere move it), but which a DELETED stamped by the relist may carry.
+    cuts = sorted({log.start_rv, *(c.rv for c in log.changes), *(e.rv for e in got)})
     cuts = [cut for cut in cuts if cut >= from_rv] or [log.last_rv]
     states = {cut: log.state_at(cut) for cut in cuts}
 

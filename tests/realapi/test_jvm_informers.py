@@ -54,7 +54,9 @@ from tests.realapi.kubeapi import Api, TcpRelay
 from tests.realapi.test_real_clients import ApiRecord, hub_cursors
 from watchproxy.upstream.connector import SerialConnector
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+# The scenario runs in the module fixture (its own bound: SCENARIO_TIMEOUT); the tests only
+# judge its outcome.
+pytestmark = pytest.mark.timeout(60, func_only=True)
 
 INFORMERS = 10
 OUTAGE_SECONDS = 20.0
@@ -63,6 +65,7 @@ STEPS = 5  # writer steps per phase (before, during and after the outage)
 # in 20 s, plus the few shared watches' own retries: a bound well below any client's own.
 MAX_PROXY_ATTEMPTS = 10
 START_TIMEOUT = 90.0  # six JVMs starting at once on two busy cores
+HUB_TIMEOUT = 30.0  # from READY (the lists done) to every informer's watch in the hub
 SETTLE_TIMEOUT = 40.0  # after the outage: the prober's next attempt, then the hub's resume
 SCENARIO_TIMEOUT = 300.0
 # Six JVMs on two cores: C1 only and the serial collector start each in about half the CPU
@@ -225,11 +228,11 @@ async def hub_serves_every_informer(run: Run) -> None:
     try:
         await wait_for(
             lambda: hub_cursors(proxy) >= INFORMERS,
-            timeout=20,
+            timeout=HUB_TIMEOUT,
             what=f"{INFORMERS} hub-served watches",
         )
     except AssertionError as error:
-        run.fail(f"{error}\n{run.process.report()}")
+        run.fail(f"{error} ({hub_cursors(proxy)} served)\n{run.process.report()}")
 
 
 @pytest.fixture(scope="module")
@@ -384,12 +387,12 @@ def proxied(outcome: Outcome, client: Client) -> Run:
 
 
 @pytest.mark.parametrize("client", CLIENTS, ids=[c.id for c in CLIENTS])
-def test_jvm_informers_sync_through_watchproxy(
-    outcome: Outcome, client: Client, record_property: Any
-) -> None:
+def test_jvm_informers_sync_through_watchproxy(outcome: Outcome, client: Client) -> None:
     run = proxied(outcome, client)
     direct = outcome.runs[client.id, "direct"]
-    record_property("ready_after_seconds", f"{run.ready_after:.1f}")
+    # For the record (pytest -rP shows it): start-up to READY of the ten informers.
+    print(f"{client.id}: READY after {run.ready_after:.1f} s through watchproxy", end="")
+    print(f", {direct.ready_after:.1f} s direct" if direct.ready_after is not None else "")
     assert ready(run.process.lines)
     # The same program direct syncs too: the client itself works against this apiserver.
     assert direct.ready_after is not None, direct.failure
@@ -423,17 +426,16 @@ def rv(line: Line) -> int:
 
 
 @pytest.mark.parametrize("client", CLIENTS, ids=[c.id for c in CLIENTS])
-def test_jvm_informers_outage_costs_few_upstream_attempts(
-    outcome: Outcome, client: Client, record_property: Any
-) -> None:
+def test_jvm_informers_outage_costs_few_upstream_attempts(outcome: Outcome, client: Client) -> None:
     """Through watchproxy the apiserver sees its prober's few attempts during a 20 s outage,
     whatever the informers do; the same program direct makes its own, one series per
     informer."""
-    run = proxied(outcome, client)
     direct = outcome.runs[client.id, "direct"]
-    record_property("attempts_watchproxy", run.attempts)
-    record_property("attempts_direct", direct.attempts)
+    # For the record (pytest -rA shows it), before a failure on watchproxy's side.
+    print(f"{client.id}: upstream connection attempts in the outage: direct {direct.attempts}")
+    run = proxied(outcome, client)
     said = f"{OUTAGE_SECONDS:.0f} s outage: watchproxy {run.attempts}, direct {direct.attempts}"
+    print(said)
     assert run.attempts is not None and direct.attempts is not None, said
     assert 1 <= run.attempts <= MAX_PROXY_ATTEMPTS, said
     assert run.attempts < direct.attempts, said

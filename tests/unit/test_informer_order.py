@@ -112,6 +112,19 @@ def test_a_relist_may_bridge_a_gap_once_per_object() -> None:
     assert per_object_problems(bridged, recorded(), 12) == []
 
 
+def test_a_relist_at_a_resource_version_the_record_does_not_hold() -> None:
+    # The relist's resourceVersion (16) moved with writes elsewhere: the record has no change
+    # at it, but the delete the relist stamps carries it.
+    record = Record()
+    log = ChangeLog(record)
+    for kind, name in [("ADDED", "a"), ("ADDED", "b"), ("DELETED", "b")]:
+        record.write(kind, name)
+    record.resource_version += 5  # writes elsewhere: 14 to 18
+    record.write("ADDED", "c")  # 19
+    bridged = events(("SET", "a", 11), ("SET", "b", 12), ("DELETED", "b", 16), ("SET", "c", 19))
+    assert per_object_problems(bridged, log, 12) == []
+
+
 def test_a_relist_that_forgets_a_delete_fails() -> None:
     forgot = events(("SET", "a", 11), ("SET", "b", 12), ("SET", "a", 16), ("SET", "d", 18))
     assert per_object_problems(forgot, recorded(), 12)
