@@ -83,7 +83,8 @@ def test_a_merge_updates_only_the_rows_its_run_proves(tmp_path: Path) -> None:
         " FAIL (1 of 2) |" in merged
     )
     assert "Whole tier: 1.37: 2 passed, 1 failed, 1 skipped; 1.34: 2 passed" in merged
-    assert "Merged day 2 from a partial run (1.37: 0 passed, 1 failed, 0 skipped)" in merged
+    assert "Merged day 2: 1 rows from a run of test_upgrades alone (1.37: 0 passed, 1" in merged
+    assert "Runs of day 1;" in merged
     # A second merge keeps the first one's line.
     again = compat.render({"1.37": compat.results(partial)}, "day 3", merged)
     assert "Merged day 2" in again and "Merged day 3" in again
