@@ -33,12 +33,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import fcntl
+import json
 import os
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import aiohttp
@@ -47,7 +51,7 @@ import pytest_asyncio
 
 from tests.clients.build_java import JavaPrograms, ToolchainMissing, build_java_clients, on_ci
 from tests.clients.expect import Change, ChangeLog, per_object_problems
-from tests.clients.process import ClientProcess, Line, bounded
+from tests.clients.process import LINE_CHARS, ClientProcess, Line, bounded
 from tests.harness import RunningProxy, proxy_for_upstream, wait_for
 from tests.realapi.fixture import RealApiServer
 from tests.realapi.kubeapi import Api, TcpRelay
@@ -110,12 +114,91 @@ class Run:
     def fail(self, why: str) -> None:
         self.failure = self.failure or why
 
+    def result(self) -> Result:
+        return Result(
+            self.client.id,
+            self.route,
+            self.process.lines,
+            self.failure,
+            self.ready_after,
+            self.attempts,
+            self.shared,
+            self.process.stderr_tail(),
+        )
+
+
+@dataclass
+class Result:
+    """What became of one program on one route, as plain data (JSON between xdist workers)."""
+
+    client: str
+    route: str
+    lines: list[Line]
+    failure: str | None
+    ready_after: float | None
+    attempts: int | None
+    shared: dict[str, float]
+    stderr: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.client}-{self.route}"
+
+    def report(self, problems: list[str]) -> str:
+        shown = "\n".join(json.dumps(line)[:LINE_CHARS] for line in self.lines[-15:])
+        return (
+            f"--- problems: {bounded(problems)}\n--- last 15 of {len(self.lines)} lines of"
+            f" {self.name}:\n{shown}\n--- stderr of {self.name}:\n{self.stderr[-3000:]}"
+        )
+
 
 @dataclass
 class Outcome:
-    runs: dict[tuple[str, str], Run]
-    log: ChangeLog
+    """The scenario's results and the apiserver's record of the changes."""
+
+    results: dict[str, Result]  # by "client-route"
+    changes: list[tuple[str, str, int]]  # the record: (type, name, resourceVersion)
+    start_rv: int
     before_cut: int  # the record's last resourceVersion before the relays were cut
+
+    def result(self, client: Client, route: str) -> Result:
+        return self.results[f"{client.id}-{route}"]
+
+    def log(self) -> ChangeLog:
+        """The record as a ChangeLog again (the checkers' input)."""
+        replay = Replay(self.start_rv)
+        log = ChangeLog(replay)
+        for kind, name, rv in self.changes:
+            replay.feed(kind, name, rv)
+        return log
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> Outcome:
+        data = json.loads(text)
+        results = {key: Result(**value) for key, value in data.pop("results").items()}
+        changes = [tuple(change) for change in data.pop("changes")]
+        return cls(results=results, changes=changes, **data)
+
+
+class Replay:
+    """A StoreLike that hands recorded changes to a ChangeLog."""
+
+    def __init__(self, start_rv: int) -> None:
+        self.resource_version = start_rv
+        self._listeners: list[Callable[[Any], None]] = []
+
+    def subscribe(self, resource: str, fn: Callable[[Any], None]) -> Callable[[], None]:
+        self._listeners.append(fn)
+        return lambda: self._listeners.remove(fn)
+
+    def feed(self, kind: str, name: str, rv: int) -> None:
+        # The record holds one namespace's changes: ChangeLog's default namespace stands for it.
+        obj = {"metadata": {"namespace": "default", "name": name}}
+        for listener in self._listeners:
+            listener(SimpleNamespace(type=kind, obj=obj, rv=rv))
 
 
 class ConfigMaps:
@@ -250,20 +333,33 @@ async def outcome(
     real_apiserver: RealApiServer,
     programs: JavaPrograms,
     tmp_path_factory: pytest.TempPathFactory,
-) -> AsyncIterator[Outcome]:
+    worker_id: str,
+) -> Outcome:
+    """The scenario's outcome, run once per test run: pytest-xdist hands this module's tests
+    to several workers, and the first to get here runs it (six JVMs) while the others wait
+    for its results (the directory above each worker's base temp is the run's own)."""
     tmp = tmp_path_factory.mktemp("jvm")
+    if worker_id == "master":
+        return await run_scenario(real_apiserver, programs, tmp)
+    shared = tmp_path_factory.getbasetemp().parent
+    results = shared / "jvm-informers.json"
+    with open(shared / "jvm-informers.lock", "w", encoding="utf-8") as lock:
+        await asyncio.to_thread(fcntl.flock, lock, fcntl.LOCK_EX)
+        if results.exists():
+            return Outcome.from_json(results.read_text(encoding="utf-8"))
+        outcome = await run_scenario(real_apiserver, programs, tmp)
+        results.write_text(outcome.to_json(), encoding="utf-8")
+        return outcome
+
+
+async def run_scenario(real: RealApiServer, programs: JavaPrograms, tmp: Path) -> Outcome:
     connector = SerialConnector(is_down=lambda: False, on_failure=lambda _error: None)
     async with aiohttp.ClientSession(connector=connector) as session:
-        direct = Api(
-            session,
-            real_apiserver.url,
-            token=real_apiserver.token,
-            ssl_context=real_apiserver.ssl_context(),
-        )
+        direct = Api(session, real.url, token=real.token, ssl_context=real.ssl_context())
         async with asyncio.timeout(SCENARIO_TIMEOUT):
-            result = await scenario(real_apiserver, direct, programs, tmp)
+            result = await scenario(real, direct, programs, tmp)
     await connector.wait_closed(5.0)
-    yield result
+    return result
 
 
 async def scenario(real: RealApiServer, direct: Api, programs: JavaPrograms, tmp: Path) -> Outcome:
@@ -331,7 +427,12 @@ async def scenario(real: RealApiServer, direct: Api, programs: JavaPrograms, tmp
             timeout=SETTLE_TIMEOUT,
         )
     log.close()
-    return Outcome(runs, log, before_cut)
+    return Outcome(
+        {run.name: run.result() for run in runs.values()},
+        [(c.type, c.name, c.rv) for c in log.changes],
+        log.start_rv,
+        before_cut,
+    )
 
 
 @contextlib.asynccontextmanager
@@ -378,8 +479,8 @@ async def start(
                 await process.stop()
 
 
-def proxied(outcome: Outcome, client: Client) -> Run:
-    run = outcome.runs[client.id, "watchproxy"]
+def proxied(outcome: Outcome, client: Client) -> Result:
+    run = outcome.result(client, "watchproxy")
     if run.failure is not None:
         needs = f" (it needs {client.needs})" if client.needs else ""
         pytest.fail(f"{run.name}{needs}: {run.failure}", pytrace=False)
@@ -389,11 +490,11 @@ def proxied(outcome: Outcome, client: Client) -> Run:
 @pytest.mark.parametrize("client", CLIENTS, ids=[c.id for c in CLIENTS])
 def test_jvm_informers_sync_through_watchproxy(outcome: Outcome, client: Client) -> None:
     run = proxied(outcome, client)
-    direct = outcome.runs[client.id, "direct"]
+    direct = outcome.result(client, "direct")
     # For the record (pytest -rP shows it): start-up to READY of the ten informers.
     print(f"{client.id}: READY after {run.ready_after:.1f} s through watchproxy", end="")
     print(f", {direct.ready_after:.1f} s direct" if direct.ready_after is not None else "")
-    assert ready(run.process.lines)
+    assert ready(run.lines)
     # The same program direct syncs too: the client itself works against this apiserver.
     assert direct.ready_after is not None, direct.failure
 
@@ -405,20 +506,21 @@ def test_jvm_informers_get_every_change_once_in_order(outcome: Outcome, client: 
     informer's queue keeps the order per object only); never a relist of the informer's own
     (no SYNC, no tombstone), never an error."""
     run = proxied(outcome, client)
+    log = outcome.log()
     problems: list[str] = []
     for i in range(INFORMERS):
-        lines = informer_lines(run.process.lines, i)
+        lines = informer_lines(run.lines, i)
         got = [
             Change("DELETED" if line["type"] == "DELETED" else "SET", line["name"], rv(line))
             for line in lines
             if line["type"] in ("ADDED", "MODIFIED", "DELETED")
         ]
-        found = per_object_problems(got, outcome.log, outcome.before_cut)
+        found = per_object_problems(got, log, outcome.before_cut)
         problems += [f"informer {i}: {p}" for p in found]
         odd = [line for line in lines if line["type"] == "SYNC" or line.get("tombstone")]
         problems += [f"informer {i}: a relist of its own: {line}" for line in odd]
-    problems += [str(line) for line in run.process.lines if "ERROR" in line["type"]]
-    assert not problems, run.process.report(problems)
+    problems += [str(line) for line in run.lines if "ERROR" in line["type"]]
+    assert not problems, run.report(problems)
 
 
 def rv(line: Line) -> int:
@@ -430,7 +532,7 @@ def test_jvm_informers_outage_costs_few_upstream_attempts(outcome: Outcome, clie
     """Through watchproxy the apiserver sees its prober's few attempts during a 20 s outage,
     whatever the informers do; the same program direct makes its own, one series per
     informer."""
-    direct = outcome.runs[client.id, "direct"]
+    direct = outcome.result(client, "direct")
     # For the record (pytest -rA shows it), before a failure on watchproxy's side.
     print(f"{client.id}: upstream connection attempts in the outage: direct {direct.attempts}")
     run = proxied(outcome, client)
@@ -440,7 +542,8 @@ def test_jvm_informers_outage_costs_few_upstream_attempts(outcome: Outcome, clie
     assert 1 <= run.attempts <= MAX_PROXY_ATTEMPTS, said
     assert run.attempts < direct.attempts, said
     # ... and nothing was lost meanwhile (every informer reached the final state).
-    assert every_informer_holds(outcome.log.state_at(outcome.log.last_rv))(run.process.lines)
+    log = outcome.log()
+    assert every_informer_holds(log.state_at(log.last_rv))(run.lines)
 
 
 @pytest.mark.parametrize("client", CLIENTS, ids=[c.id for c in CLIENTS])
