@@ -11,8 +11,8 @@ busy machine: one scenario for all keeps the module near a minute):
 
 1. every program syncs (READY: each of its informers listed);
 2. configmaps are created, changed and deleted; every informer through watchproxy must get each
-   change once, in order, with the apiserver's resourceVersions (the record: the test's own
-   direct watch);
+   change once, each object's in order, with the apiserver's resourceVersions (the record: the
+   test's own direct watch; an informer's queue keeps no order across objects);
 3. every relay is cut for ``OUTAGE_SECONDS`` while the changes go on (written directly), then
    restored; more changes; every informer through watchproxy must end with every change of the
    record, the ones during the outage included (where etcd had compacted the hub's resume
@@ -25,8 +25,9 @@ busy machine: one scenario for all keeps the module near a minute):
 fabric8's default config asks for every watch over WebSocket: its tests here need watchproxy to
 serve WebSocket watches (without that, fabric8 gets a 400 and its informers stop).
 
-The scenario runs once per module (a fixture); each test judges one client on one guarantee,
-so that the compatibility page (scripts/compatibility.py) has a verdict per client.
+The scenario runs once per test run (the ``outcome`` fixture, shared by pytest-xdist's
+workers); each test judges one client on one guarantee, so that the compatibility page
+(scripts/compatibility.py) has a verdict per client.
 """
 
 from __future__ import annotations
@@ -72,8 +73,9 @@ START_TIMEOUT = 90.0  # six JVMs starting at once on two busy cores
 HUB_TIMEOUT = 30.0  # from READY (the lists done) to every informer's watch in the hub
 SETTLE_TIMEOUT = 40.0  # after the outage: the prober's next attempt, then the hub's resume
 SCENARIO_TIMEOUT = 300.0
-# Six JVMs on two cores: C1 only and the serial collector start each in about half the CPU
-# time and change nothing in how the client talks HTTP.
+# Six JVMs on two cores: C1 only and the serial collector spare the start-up CPU of the JIT's
+# second tier and of the parallel collector's threads, and change nothing in how the client
+# talks HTTP.
 JVM_FLAGS = ("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-Xmx256m")
 
 
