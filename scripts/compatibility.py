@@ -11,12 +11,21 @@ someone remembers:
 
 A cell is ``pass`` when every test of its row passed on that version, ``FAIL`` when one failed,
 ``skipped`` when all were skipped (with the first reason), ``-`` when none ran.
+
+With ``--merge``, a run of part of the tier (one new test module, say) updates only the rows
+its tests prove: every other cell keeps what the page says, and the page says which rows came
+from which partial run:
+
+    KUBETESTENV_VERSION=1.37 .venv/bin/pytest -n 0 -m realapi tests/realapi/test_jvm_informers.py \
+        --junitxml=/tmp/jvm137.xml
+    .venv/bin/python scripts/compatibility.py --merge 1.37=/tmp/jvm137.xml
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import re
 import sys
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
@@ -88,6 +97,54 @@ ROWS = (
         "kubectl 1.27 / 1.33 / 1.37",
         "exec refusals over SPDY and WebSocket as direct",
         ("test_upgrades::",),
+    ),
+    Row(
+        "fabric8 kubernetes-client 7.9.0 informers, default config (WebSocket watches)",
+        "10 in one program: sync, every change once and in order (per object)",
+        (
+            "test_jvm_informers::test_jvm_informers_sync_through_watchproxy[fabric8-default]",
+            "test_jvm_informers::test_jvm_informers_get_every_change_once_in_order[fabric8-default]",
+        ),
+    ),
+    Row(
+        "fabric8 kubernetes-client 7.9.0 informers, default config (WebSocket watches)",
+        "20 s outage: nothing lost, fewer upstream attempts than direct; one upstream watch",
+        (
+            "test_jvm_informers::test_jvm_informers_outage_costs_few_upstream_attempts[fabric8-default]",
+            "test_jvm_informers::test_jvm_informers_of_one_program_share_one_upstream_watch[fabric8-default]",
+        ),
+    ),
+    Row(
+        "fabric8 kubernetes-client 7.9.0 informers, onlyHttpWatches",
+        "10 in one program: sync, every change once and in order (per object)",
+        (
+            "test_jvm_informers::test_jvm_informers_sync_through_watchproxy[fabric8-http-only]",
+            "test_jvm_informers::test_jvm_informers_get_every_change_once_in_order[fabric8-http-only]",
+        ),
+    ),
+    Row(
+        "fabric8 kubernetes-client 7.9.0 informers, onlyHttpWatches",
+        "20 s outage: nothing lost, fewer upstream attempts than direct; one upstream watch",
+        (
+            "test_jvm_informers::test_jvm_informers_outage_costs_few_upstream_attempts[fabric8-http-only]",
+            "test_jvm_informers::test_jvm_informers_of_one_program_share_one_upstream_watch[fabric8-http-only]",
+        ),
+    ),
+    Row(
+        "client-java 27.0.0 SharedInformerFactory informers",
+        "10 in one program: sync, every change once and in order (per object)",
+        (
+            "test_jvm_informers::test_jvm_informers_sync_through_watchproxy[client-java]",
+            "test_jvm_informers::test_jvm_informers_get_every_change_once_in_order[client-java]",
+        ),
+    ),
+    Row(
+        "client-java 27.0.0 SharedInformerFactory informers",
+        "20 s outage: nothing lost, fewer upstream attempts than direct; one upstream watch",
+        (
+            "test_jvm_informers::test_jvm_informers_outage_costs_few_upstream_attempts[client-java]",
+            "test_jvm_informers::test_jvm_informers_of_one_program_share_one_upstream_watch[client-java]",
+        ),
     ),
     Row("HTTP", "request parity table (statuses as the apiserver's)", ("test_parity::",)),
     Row(
@@ -201,13 +258,40 @@ def cell(row: Row, run: dict[str, str | tuple[str, str]]) -> str:
     return "-"
 
 
-def render(runs: dict[str, dict[str, str | tuple[str, str]]], when: str) -> str:
+def previous_cells(page: str) -> dict[tuple[str, str, str], str]:
+    """(client, feature, version) -> cell, from a page this script wrote."""
+    versions: list[str] = []
+    cells: dict[tuple[str, str, str], str] = {}
+    for line in page.splitlines():
+        if line.startswith("| client | feature |"):
+            versions = [c.strip().removeprefix("kube-apiserver ") for c in line.split("|")[3:-1]]
+        elif line.startswith("| ") and versions and not line.startswith("| ---"):
+            client, feature, *values = (c.strip() for c in line.split("|")[1:-1])
+            for version, value in zip(versions, values, strict=False):
+                cells[client, feature, version] = value
+    return cells
+
+
+def render(
+    runs: dict[str, dict[str, str | tuple[str, str]]],
+    when: str,
+    previous: str | None = None,
+) -> str:
+    """The page; with ``previous`` (the page as it was), rows that no test of ``runs`` proves
+    keep their cells, its versions' columns stay, and its summary lines stay too."""
+    kept = previous_cells(previous) if previous is not None else {}
     versions = list(runs)
+    for _client, _feature, version in kept:
+        if version not in versions:
+            versions.append(version)
+    # A merge keeps the date of the whole tier's runs: its own date goes on its summary line.
+    found = re.search(r"Runs of (.+?); kube-apiserver", previous or "")
+    runs_of = found.group(1) if found is not None else when
     lines = [
         "# Compatibility",
         "",
         "Generated by `scripts/compatibility.py` from the realapi tier's JUnit results; do not",
-        f"edit by hand. Runs of {when}; kube-apiserver built from Go modules",
+        f"edit by hand. Runs of {runs_of}; kube-apiserver built from Go modules",
         "(`tests/realapi/build.sh`).",
         "The default test command runs the newest version; the others run with",
         '`KUBETESTENV_VERSIONS="1.37 1.34" scripts/test.sh` (docs/development.md says why).',
@@ -215,16 +299,37 @@ def render(runs: dict[str, dict[str, str | tuple[str, str]]], when: str) -> str:
         "| client | feature | " + " | ".join(f"kube-apiserver {v}" for v in versions) + " |",
         "| --- | --- | " + " | ".join("---" for _ in versions) + " |",
     ]
+    merged: list[str] = []
     for row in ROWS:
-        cells = " | ".join(cell(row, runs[v]) for v in versions)
-        lines.append(f"| {row.client} | {row.feature} | {cells} |")
+        values = []
+        for version in versions:
+            value = cell(row, runs[version]) if version in runs else "-"
+            if previous is not None and value == "-":
+                value = kept.get((row.client, row.feature, version), "-")
+            elif previous is not None:
+                merged.append(f"{row.client}: {row.feature}")
+            values.append(value)
+        lines.append(f"| {row.client} | {row.feature} | {' | '.join(values)} |")
     totals = []
     for version, run in runs.items():
         passed = sum(1 for r in run.values() if r == "passed")
         failed = sum(1 for r in run.values() if r == "failed")
         skipped = len(run) - passed - failed
         totals.append(f"{version}: {passed} passed, {failed} failed, {skipped} skipped")
-    lines += ["", "Whole tier: " + "; ".join(totals) + ".", ""]
+    if previous is None:
+        lines += ["", "Whole tier: " + "; ".join(totals) + ".", ""]
+        return "\n".join(lines)
+    # The summary lines of the page as it was (the whole tier's counts, earlier merges), then
+    # this merge's: which rows it updated, from how many tests.
+    summary = previous.split("\n\n")[-1].strip().splitlines() if previous.strip() else []
+    summary = [line for line in summary if not line.startswith("|")]
+    modules = sorted({test_id.partition("::")[0] for run in runs.values() for test_id in run})
+    lines += ["", *summary]
+    lines.append(
+        f"Merged {when}: {len(set(merged))} rows from a run of {', '.join(modules)} alone"
+        f" ({'; '.join(totals)})."
+    )
+    lines.append("")
     return "\n".join(lines)
 
 
@@ -233,12 +338,18 @@ def main(argv: list[str]) -> int:
     parser.add_argument("runs", nargs="+", help="VERSION=junit.xml, newest first")
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--date", default=datetime.date.today().isoformat())
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="update only the rows the given runs prove; keep every other cell of --out",
+    )
     args = parser.parse_args(argv)
     runs = {}
     for spec in args.runs:
         version, _, path = spec.partition("=")
         runs[version] = results(Path(path))
-    args.out.write_text(render(runs, args.date), encoding="utf-8")
+    previous = args.out.read_text(encoding="utf-8") if args.merge else None
+    args.out.write_text(render(runs, args.date, previous), encoding="utf-8")
     print(f"wrote {args.out}")
     return 0
 

@@ -44,6 +44,17 @@ took "the kube-rs and client-node programs"
 # cold build (client-go from the Go module proxy) shows its own time; a no-op when up to date.
 .venv/bin/python -m tests.clients.build
 took "the Go client programs"
+# The JVM client programs (tests/clients/java: fabric8 kubernetes-client and client-java
+# informers): mvn package into one jar each, skipped when up to date (Maven's own repository in
+# ~/.m2, its build output in ~/.cache/watchproxy/java-target). With CI=true a missing java or
+# mvn fails here; elsewhere the tests that need them skip.
+if ! command -v mvn >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    echo "mvn not found: installing Debian's maven (the JVM client tests build with it)" >&2
+    apt-get update -qq >&2 && apt-get install --yes -qq --no-install-recommends maven >&2 \
+        || echo "warning: could not install maven" >&2
+fi
+.venv/bin/python -m tests.clients.build_java
+took "the JVM client programs"
 # Three workers: most tests wait on loopback sockets and child processes, not on the CPU, so three
 # share two cores well (the whole suite: about 4 minutes instead of 11 on a quiet 2-core machine).
 # Each worker starts its own session fixtures (the real apiserver among them). A later `-n 0` in

@@ -216,3 +216,59 @@ def seen_rv(lines: list[Line], watcher: int | None = None) -> int:
         if line.get("resourceVersion") and (watcher is None or line.get("watcher") == watcher)
     ]
     return max(rvs, default=0)
+
+
+def per_object_problems(got: list[Change], log: ChangeLog, from_rv: int) -> list[str]:
+    """Empty when an informer's handler calls ``got`` (type ``SET`` for an add or update,
+    ``DELETED``) are the record ``log``, object by object, from an empty start.
+
+    An informer hands over each object's changes in order, but not the changes of different
+    objects in the order they happened: its queue (client-go's DeltaFIFO, client-java's) keeps
+    the changes that wait for the handler by object and hands over all of one object's at once.
+    So the order is checked per object, with one cut ``g`` <= ``r`` shared by all objects: the
+    stream is the record up to ``g`` (at or after ``from_rv``), then, if the stream's source
+    relisted at ``r`` because ``g`` was compacted away, each object's change from its state at
+    ``g`` to its state at ``r`` (its new state, or a DELETED stamped inside the gap), then the
+    record after ``r``. Without a relist ``g == r``: the record itself.
+    """
+    record: dict[str, list[Change]] = {}
+    for change in log.changes:
+        kind = "DELETED" if change.type == "DELETED" else "SET"
+        record.setdefault(change.name, []).append(Change(kind, change.name, change.rv))
+    received: dict[str, list[Change]] = {}
+    for event in got:
+        received.setdefault(event.name, []).append(event)
+    names = sorted(set(record) | set(received))
+    # A relist's resourceVersion is the store's at the time, which the record may not hold
+    # (writes elsewhere move it), but which a DELETED stamped by the relist may carry.
+    cuts = sorted({log.start_rv, *(c.rv for c in log.changes), *(e.rv for e in got)})
+    cuts = [cut for cut in cuts if cut >= from_rv] or [log.last_rv]
+    states = {cut: log.state_at(cut) for cut in cuts}
+
+    def fits(name: str, g: int, r: int) -> bool:
+        mine, seen = record.get(name, []), received.get(name, [])
+        head = [e for e in mine if e.rv <= g]
+        tail = [e for e in mine if e.rv > r]
+        if len(head) + len(tail) > len(seen):
+            return False
+        if seen[: len(head)] != head or seen[len(seen) - len(tail) :] != tail:
+            return False
+        middle = seen[len(head) : len(seen) - len(tail)]
+        before, after = states[g].get(name), states[r].get(name)
+        if after is not None and after != before:
+            return middle == [Change("SET", name, after)]
+        if after is None and before is not None:
+            return len(middle) == 1 and middle[0].type == "DELETED" and g < middle[0].rv <= r
+        return middle == []
+
+    for index, g in enumerate(cuts):
+        for r in cuts[index:]:
+            if all(fits(name, g, r) for name in names):
+                return []
+    differ = [
+        f"{name}: received {[(e.type, e.rv) for e in received.get(name, [])]},"
+        f" recorded {[(e.type, e.rv) for e in record.get(name, [])]}"
+        for name in names
+        if received.get(name, []) != record.get(name, [])
+    ]
+    return differ or ["each object as recorded, but no one cut of the stream explains them all"]

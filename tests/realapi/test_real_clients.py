@@ -50,12 +50,14 @@ STEPS = 15  # changes per phase (before, during and after the outage)
 
 
 class ApiRecord:
-    """The apiserver's own record of the namespace's pod changes, from a direct watch, shaped
-    as the ``StoreLike`` that ``ChangeLog`` subscribes to."""
+    """The apiserver's own record of the namespace's pod changes (or of another ``collection``
+    of core/v1), from a direct watch, shaped as the ``StoreLike`` that ``ChangeLog`` subscribes
+    to (which names it "pods" whatever it holds)."""
 
-    def __init__(self, api: Api, namespace: str, start_rv: int) -> None:
+    def __init__(self, api: Api, namespace: str, start_rv: int, collection: str = "pods") -> None:
         self.api = api
         self.namespace = namespace
+        self.collection = collection
         self.resource_version = start_rv
         self._listeners: list[Callable[[Any], None]] = []
 
@@ -68,7 +70,7 @@ class ApiRecord:
     async def recording(self) -> AsyncIterator[Callable[[int], Any]]:
         """Yields ``until(rv)``: a wait until the record has reached ``rv``."""
         path = (
-            f"/api/v1/namespaces/{self.namespace}/pods?watch=1"
+            f"/api/v1/namespaces/{self.namespace}/{self.collection}?watch=1"
             f"&resourceVersion={self.resource_version}"
         )
         async with self.api.watch(path) as stream:

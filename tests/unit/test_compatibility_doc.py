@@ -52,6 +52,39 @@ def test_every_row_names_tests_that_exist() -> None:
     for row in script().ROWS:
         for prefix in row.tests:
             module, _, name = prefix.partition("::")
+            function, _, param = name.partition("[")
             source = (ROOT / "tests" / "realapi" / f"{module}.py").read_text()
             defined = re.findall(r"^(?:async )?def (test_\w+)", source, re.M)
-            assert any(d.startswith(name) for d in defined), prefix
+            assert any(d.startswith(function) for d in defined), prefix
+            # A parametrized test's id (up to "]") is a string of its module.
+            if param:
+                assert f'"{param.removesuffix("]")}"' in source, prefix
+
+
+def test_a_merge_updates_only_the_rows_its_run_proves(tmp_path: Path) -> None:
+    compat = script()
+    path = tmp_path / "r.xml"
+    path.write_text(JUNIT)
+    full = compat.render({"1.37": compat.results(path), "1.34": compat.results(path)}, "day 1")
+    partial = tmp_path / "p.xml"
+    partial.write_text(
+        '<testsuites><testsuite name="pytest">'
+        '<testcase classname="tests.realapi.test_upgrades" name="test_u"><failure /></testcase>'
+        "</testsuite></testsuites>"
+    )
+    merged = compat.render({"1.37": compat.results(partial)}, "day 2", full)
+    # The partial run's row changes in its version's column only; the others keep their cells.
+    assert (
+        "| kubectl 1.27 / 1.33 / 1.37 | exec refusals over SPDY and WebSocket as direct |"
+        " FAIL (1 of 1) | pass |" in merged
+    )
+    assert (
+        "| HTTP | request parity table (statuses as the apiserver's) | FAIL (1 of 2) |"
+        " FAIL (1 of 2) |" in merged
+    )
+    assert "Whole tier: 1.37: 2 passed, 1 failed, 1 skipped; 1.34: 2 passed" in merged
+    assert "Merged day 2: 1 rows from a run of test_upgrades alone (1.37: 0 passed, 1" in merged
+    assert "Runs of day 1;" in merged
+    # A second merge keeps the first one's line.
+    again = compat.render({"1.37": compat.results(partial)}, "day 3", merged)
+    assert "Merged day 2" in again and "Merged day 3" in again
