@@ -11,12 +11,14 @@ from __future__ import annotations
 from urllib.parse import parse_qsl, unquote_to_bytes, urlsplit
 
 import pytest
-from hypothesis import assume, given
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from multidict import CIMultiDict
 
 from watchproxy.config import AccessRule
-from watchproxy.kube.apipath import canonical_target
+from watchproxy.hub.watchkey import watch_key
+from watchproxy.kube.apipath import canonical_target, parse_api_path
+from watchproxy.kube.watchquery import parse_watch_query
 from watchproxy.policy.access import AccessPolicy, PolicyDenied, ReadOnlyRefused
 from watchproxy.server.routes import Refusal, Route, RouteKind, Routing, classify
 
@@ -120,6 +122,7 @@ def encodings(draw: st.DrawFn) -> tuple[int, str]:
     return index, "".join(out) + mark + query
 
 
+@settings(max_examples=300, deadline=None)
 @given(encodings())
 def test_every_encoding_of_a_path_gets_the_plain_paths_verdict(case: tuple[int, str]) -> None:
     index, encoded = case
@@ -134,6 +137,7 @@ def test_every_encoding_of_a_path_gets_the_plain_paths_verdict(case: tuple[int, 
     assert forwarded == plain
 
 
+@settings(deadline=None)
 @given(encodings(), st.data())
 def test_an_encoded_slash_is_refused_never_judged(
     case: tuple[int, str], data: st.DataObject
@@ -289,3 +293,26 @@ def test_methods_are_matched_in_upper_case() -> None:
     policy = AccessPolicy([AccessRule("deny", "/api/*", ("post",))])
     got = route("POST", "/api/v1/namespaces/d/configmaps", Routing.of(HOSTS, policy), {})
     assert got.refusal is Refusal.POLICY
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("/api/v1/namespaces/%64efault/pods", "/api/v1/namespaces/default/pods"),
+        ("/api/v1/namespaces/a%3Fb/pods", "/api/v1/namespaces/a%3Fb/pods"),
+        (
+            "/apis/%61pps/v1/namespaces/a%20b/deployments",
+            "/apis/apps/v1/namespaces/a%20b/deployments",
+        ),
+    ],
+)
+def test_a_shared_watch_goes_upstream_on_the_path_its_clients_were_judged_on(
+    raw: str, expected: str
+) -> None:
+    # The hub builds its own upstream path from the decoded fields: they are encoded again, so
+    # a decoded "?" or space cannot end the path early or break the request line.
+    keyed = watch_key(
+        parse_api_path(raw), parse_watch_query({"watch": "1"}), accept=None, identity=""
+    )
+    assert isinstance(keyed, tuple), keyed
+    assert keyed[0].collection_path == expected
