@@ -51,6 +51,9 @@ ROUTINGS: dict[str, Routing] = {
     "read-only+broad-allow": Routing.of(
         HOSTS, AccessPolicy([AccessRule("allow", "/*")], read_only=True)
     ),
+    "read-only+allow-get": Routing.of(
+        HOSTS, AccessPolicy([AccessRule("allow", verbs=("get", "*"))], read_only=True)
+    ),
 }
 
 # Every request the rule tests below judge: (method, target, extra headers).
@@ -253,8 +256,10 @@ def test_read_only_refuses_every_verb_but_get_list_and_watch(
         ReadOnlyRefused,
     )
     assert got.error is not None and got.error.code == 403
-    # A broad allow rule does not lift read_only; one that names the verb does.
+    # A broad allow rule does not lift read_only, nor one that names "get" (a WebSocket exec is
+    # a GET) or "*"; one that names the verb does.
     assert refusal("read-only+broad-allow", method, target, **headers) is Refusal.READ_ONLY
+    assert refusal("read-only+allow-get", method, target, **headers) is Refusal.READ_ONLY
 
 
 @pytest.mark.parametrize(

@@ -40,6 +40,10 @@ class RequestInfo(Protocol):
     def reads_only(self) -> bool: ...
 
 
+# The verbs read-only mode allows (kube.requestinfo's, and a non-resource HEAD).
+_READ_VERBS = frozenset({"get", "list", "watch", "head"})
+
+
 class HostNotAllowed(Forbidden):
     """A Host header outside the allowlist (a DNS-rebinding attempt, or a misconfigured client)."""
 
@@ -77,8 +81,9 @@ class AccessPolicy:
     The rules are tried in order and the first that matches decides: ``deny`` refuses,
     ``allow`` lets the request through. With ``read_only``, a request that does more than read
     (:attr:`RequestInfo.reads_only`) is refused unless the rule that decided it is an ``allow``
-    that names one of the request's verbs in ``verbs`` (``*`` does not count): a broad allow
-    never lifts ``read_only`` by accident. No rule matching allows.
+    that names, in ``verbs``, one of the request's verbs other than get, list and watch (``*``
+    does not count): a broad allow never lifts ``read_only`` by accident. No rule matching
+    allows.
     """
 
     def __init__(
@@ -169,7 +174,9 @@ def _resource_matches(resources: tuple[str, ...], info: RequestInfo) -> bool:
 
 
 def _names_verb(rule: AccessRule, info: RequestInfo) -> bool:
-    return not info.verbs.isdisjoint(rule.verbs)
+    """Whether ``rule`` names a verb of the request that does more than read: a WebSocket exec
+    is a "get" too, and a rule allowing "get" must not let it past read-only."""
+    return not (info.verbs - _READ_VERBS).isdisjoint(rule.verbs)
 
 
 def _described(info: RequestInfo) -> str:
