@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.component.test_bad_input import Answer, send_raw
-from tests.harness import kubectl, versioned_kubectl_or_skip
+from tests.harness import RunningProxy, kubectl, versioned_kubectl_or_skip
 from tests.realapi.fixture import RealApiServer
 from tests.realapi.kubeapi import Api
 from tests.realapi.test_real_apiserver import configmap, proxy
@@ -165,6 +165,17 @@ async def test_an_allowed_request_spelled_with_escapes_reaches_the_apiserver_as_
         assert answer.status_object["metadata"]["name"] == "c1"
 
 
+def connect_codes(running: RunningProxy) -> set[str]:
+    """The status codes of the exec, attach and port-forward requests watchproxy answered."""
+    return {
+        sample.labels["code"]
+        for metric in running.proxy.metrics.registry.collect()
+        if metric.name == "watchproxy_requests"
+        for sample in metric.samples
+        if sample.name == "watchproxy_requests_total" and sample.labels.get("verb") == "connect"
+    }
+
+
 def websocket_exec(target: str) -> bytes:
     lines = [
         f"GET {target} HTTP/1.1",
@@ -178,21 +189,43 @@ def websocket_exec(target: str) -> bytes:
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
 
-async def test_read_only_refuses_exec_as_a_websocket_get_and_by_kubectl(
+async def test_read_only_refuses_exec_as_a_websocket_get(
     tmp_path: Path, real_apiserver: RealApiServer, direct: Api, namespace: str
 ) -> None:
     await nodeless_pod(direct, namespace)
-    target = f"/api/v1/namespaces/{namespace}/pods/shell/exec?command=id&stdout=1"
+    base = f"/api/v1/namespaces/{namespace}/pods/shell"
     async with proxy(tmp_path, real_apiserver, {"security.read_only": True}) as (running, _via):
-        answer = await send_raw(running.proxy.api_port, websocket_exec(target))
-        assert refused(answer), answer.body[:300]
-        assert "read-only" in answer.status_object["message"]  # type: ignore[index]
-        kubectl_bin = versioned_kubectl_or_skip(37)
+        for target in (
+            f"{base}/exec?command=id&stdout=1",
+            f"{base}/%65xec?command=id&stdout=1",
+            f"{base}/attach?stdout=1",
+            f"{base}/portforward?ports=80",
+        ):
+            answer = await send_raw(running.proxy.api_port, websocket_exec(target))
+            assert refused(answer), (target, answer.body[:300])
+            assert answer.status_object is not None
+            assert "read-only" in answer.status_object["message"]
+
+
+@pytest.mark.parametrize(
+    "minor",
+    [pytest.param(33, id="1.33-websocket"), pytest.param(37, id="1.37-websocket")],
+)
+async def test_read_only_refuses_kubectl_exec(
+    tmp_path: Path, real_apiserver: RealApiServer, direct: Api, namespace: str, minor: int
+) -> None:
+    kubectl_bin = versioned_kubectl_or_skip(minor)
+    await nodeless_pod(direct, namespace)
+    async with proxy(tmp_path, real_apiserver, {"security.read_only": True}) as (running, _via):
         code, out, err = await kubectl(
             running.kubeconfig, "exec", "-n", namespace, "shell", "--", "id", binary=kubectl_bin
         )
         assert code != 0 and out == ""
         assert "watchproxy is read-only" in err, err
+        # kubectl falls back from WebSocket to SPDY when an upgrade fails: every exec attempt it
+        # made, the WebSocket GET included, was answered 403 by watchproxy (none reached the
+        # apiserver, whose answer here is a 400: the pod has no node).
+        assert connect_codes(running) == {"403"}
         # Reads still pass.
         code, out, err = await kubectl(
             running.kubeconfig, "get", "-n", namespace, "pod", "shell", binary=kubectl_bin
