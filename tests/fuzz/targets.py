@@ -29,7 +29,7 @@ from watchproxy.kube.selectors import parse_label_selector
 from watchproxy.kube.watchevent import WatchEventError, decode_watch_line
 from watchproxy.kube.watchquery import InvalidListOptions, parse_watch_query
 from watchproxy.policy.access import AccessPolicy
-from watchproxy.server.routes import reads_list_options, verb_of
+from watchproxy.server.routes import reads_list_options, resolve, verb_of
 from watchproxy.upstream.credentials import CredentialsError, from_kubeconfig
 
 METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "PROPFIND")
@@ -75,6 +75,9 @@ def path(data: bytes) -> None:
         return
     assert parsed.raw == text
     assert parse_api_path(text) == parsed  # deterministic
+    # What goes upstream is a fixed point that decodes to the same segments.
+    forwarded = parse_api_path(parsed.canonical)
+    assert forwarded.canonical == parsed.canonical and forwarded.segments == parsed.segments
     named = (parsed.group, parsed.version, parsed.namespace, parsed.resource, parsed.name)
     for value in (*named, parsed.subresource, *parsed.tail):
         if value is None:
@@ -133,11 +136,11 @@ def request(data: bytes) -> None:
     raw_path, _, raw_query = _text(data[1:]).partition("?")
     try:
         api_path = parse_api_path(raw_path)
-        watch = False
+        options = None
         if reads_list_options(method, api_path):
-            watch = parse_watch_query(_query(raw_query)).watch
-        verb = verb_of(method, api_path, watch)
-        POLICY.check(method, raw_path[:-1] if api_path.trailing_slash else raw_path)
+            options = parse_watch_query(_query(raw_query))
+        verb = verb_of(method, api_path, options is not None and options.watch)
+        POLICY.check(method, resolve(method, api_path, options))
     except ProxyError as error:  # every refusal at the edge is a client error
         _check_status(error)
         return

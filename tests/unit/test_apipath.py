@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote_to_bytes
 
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from watchproxy.errors import BadRequest
-from watchproxy.kube.apipath import ApiPath, parse_api_path
+from watchproxy.kube.apipath import ApiPath, canonical_target, encode_segment, parse_api_path
 
 VALID: list[tuple[str, dict[str, Any]]] = [
     ("/", {"kind": "other"}),
@@ -295,7 +296,7 @@ def test_inserting_a_traversal_segment_anywhere_is_refused(
 
 
 @given(st.text(max_size=60))
-def test_arbitrary_input_is_either_refused_or_forwarded_verbatim(text: str) -> None:
+def test_arbitrary_input_is_either_refused_or_kept_as_received(text: str) -> None:
     try:
         parsed = parse_api_path(text)
     except BadRequest:
@@ -316,3 +317,60 @@ def test_dot_and_escape_soup_never_yields_a_dot_segment(text: str) -> None:
         return
     for value in (parsed.resource, parsed.name, parsed.subresource, *parsed.tail):
         assert value not in (".", "..")
+
+
+@pytest.mark.parametrize(
+    ("path", "canonical"),
+    [
+        ("/api/v1/namespaces/default/%73ecrets", "/api/v1/namespaces/default/secrets"),
+        ("/%61pi/v1/pods/", "/api/v1/pods/"),
+        ("/api/v1/namespaces/caf%c3%a9", "/api/v1/namespaces/caf%C3%A9"),
+        (
+            "/apis/rbac.authorization.k8s.io/v1/clusterroles/a%3ab",
+            "/apis/rbac.authorization.k8s.io/v1/clusterroles/a:b",
+        ),
+        ("/api/v1/namespaces/a%20b/pods", "/api/v1/namespaces/a%20b/pods"),
+        ("/api/v1/namespaces/d/pods/p%3Fx", "/api/v1/namespaces/d/pods/p%3Fx"),
+        ("/api/v1/namespaces/d/pods/p%23x", "/api/v1/namespaces/d/pods/p%23x"),
+        (
+            "/api/v1/namespaces/d/services/s/proxy/a%2b%2Bb/",
+            "/api/v1/namespaces/d/services/s/proxy/a++b/",
+        ),
+    ],
+)
+def test_the_canonical_path_writes_each_decoded_character_one_way(
+    path: str, canonical: str
+) -> None:
+    assert parse_api_path(path).canonical == canonical
+
+
+def test_a_path_without_escapes_is_its_own_canonical_form() -> None:
+    path = "/api/v1/namespaces/default/configmaps/kube-root-ca.crt"
+    assert parse_api_path(path).canonical is path
+    target = path + "?watch=1&fieldSelector=metadata.name%3Dx"
+    assert canonical_target(target) is target
+
+
+@given(st.text(max_size=60))
+def test_what_goes_upstream_decodes_to_what_was_judged(text: str) -> None:
+    try:
+        parsed = parse_api_path(text)
+    except BadRequest:
+        return
+    canonical = parse_api_path(parsed.canonical)
+    # The apiserver decodes the forwarded path to the judged one, and it is a fixed point.
+    assert unquote_to_bytes(parsed.canonical).decode() == unquote_to_bytes(text).decode()
+    assert canonical.canonical == parsed.canonical
+    assert dataclasses.replace(canonical, raw=text) == parsed
+    assert canonical.segments == parsed.segments
+
+
+@given(st.lists(st.text(min_size=1, max_size=8), min_size=1, max_size=6))
+def test_any_decoded_segments_survive_encoding(segments: list[str]) -> None:
+    assume(all(s not in (".", "..") for s in segments))
+    assume(not any(ch in s for s in segments for ch in "/\\%"))
+    assume(all(ord(ch) >= 0x20 and not 0x7F <= ord(ch) <= 0x9F for s in segments for ch in s))
+    assume(not any(0xD800 <= ord(ch) <= 0xDFFF for s in segments for ch in s))
+    # Under a non-API prefix, so that no segment has a meaning that could refuse the path.
+    path = "/x/" + "/".join(encode_segment(s) for s in segments)
+    assert parse_api_path(path).segments == ("x", *segments)

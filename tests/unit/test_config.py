@@ -46,7 +46,34 @@ def test_env_parses_types_and_lists() -> None:
         ({"listen": {"host": "0.0.0.0"}}, "listen.host: '0.0.0.0' is not a loopback address"),
         ({"listen": {"port": 70000}}, "listen.port: must be a port number"),
         ({"security": {"rules": [{"action": "drop", "path": "/"}]}}, "rules[0].action"),
-        ({"security": {"rules": [{"action": "deny"}]}}, "rules[0].path: required key"),
+        ({"security": {"rules": [{"path": "/"}]}}, "rules[0].action: required key"),
+        ({"security": {"rules": [{"action": "deny", "path": "api"}]}}, "rules[0].path: must"),
+        ({"security": {"rules": [{"action": "deny", "verb": ["get"]}]}}, "rules[0].verb: unknown"),
+        (
+            {"security": {"rules": [{"action": "deny", "verbs": ["get", "wacth"]}]}},
+            "security.rules[0].verbs[1]: unknown verb 'wacth'",
+        ),
+        (
+            {"security": {"rules": [{"action": "deny", "resources": ["Secrets"]}]}},
+            "security.rules[0].resources[0]: expected 'pods', 'pods/exec', '*/scale' or '*'",
+        ),
+        (
+            {"security": {"rules": [{"action": "deny", "resources": ["pods/*"]}]}},
+            "security.rules[0].resources[0]: expected",
+        ),
+        (
+            {"security": {"rules": [{"action": "allow", "api_groups": ["Apps"]}]}},
+            "security.rules[0].api_groups[0]: expected",
+        ),
+        (
+            {"security": {"rules": [{"action": "allow", "namespaces": ["a/b"]}]}},
+            "security.rules[0].namespaces[0]: expected",
+        ),
+        (
+            {"security": {"rules": [{"action": "allow", "methods": ["GET /x"]}]}},
+            "security.rules[0].methods[0]: not an HTTP method",
+        ),
+        ({"security": {"rules": [{"action": "deny", "verbs": "get"}]}}, "verbs: expected a list"),
         ({"listen": []}, "c.yaml: listen: expected a mapping"),
         ({"ratelimit": {"qps": -1}}, "ratelimit.qps: must be >= 0"),
         ({"hub": {"fanout_cpu_share": 0}}, "hub.fanout_cpu_share: must be > 0 and <= 1"),
@@ -82,6 +109,10 @@ def _run_cli(*args: str) -> subprocess.CompletedProcess[str]:
         ("listen:\n  port: abc\n", "listen.port: expected an integer, got 'abc'"),
         ("listen:\n  colour: blue\n", "listen.colour: unknown key"),
         ("listen: [1\n", "invalid YAML"),
+        (
+            "security:\n  rules:\n    - {action: deny, verbs: [craete]}\n",
+            "security.rules[0].verbs[0]: unknown verb 'craete'",
+        ),
     ],
 )
 def test_cli_bad_config_file_exits_2_with_one_line(

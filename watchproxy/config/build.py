@@ -8,10 +8,11 @@ print one line and exit 2.
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Mapping
 from typing import Any
 
-from watchproxy.config.schema import SECTIONS, Config, ConfigError, field_types
+from watchproxy.config.schema import SECTIONS, AccessRule, Config, ConfigError, field_types
 from watchproxy.config.sources import read_env
 from watchproxy.config.values import build_section, coerce
 
@@ -162,5 +163,40 @@ def _check(config: Config, where: str) -> None:
     if config.ratelimit.watch_errors_per_second > 0 and config.ratelimit.watch_errors_burst < 1:
         raise ConfigError(f"{where}: ratelimit.watch_errors_burst: must be >= 1")
     for index, rule in enumerate(config.security.rules):
-        if not rule.path.startswith("/"):
-            raise ConfigError(f"{where}: security.rules[{index}].path: must start with '/'")
+        _check_rule(rule, f"{where}: security.rules[{index}]")
+
+
+# What a rule may name. Verbs: those a request resolves to (kube.requestinfo), "connect" for the
+# connect subresources, and a non-resource request's method in lower case.
+RULE_VERBS = frozenset(
+    {"get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"}
+    | {"proxy", "connect", "head", "post", "put", "options", "*"}
+)
+_METHOD_RE = re.compile(r"[A-Za-z]+")
+_NAME = r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?"
+_RESOURCE_RE = re.compile(rf"\*|{_NAME}(/{_NAME})?|\*/{_NAME}")
+_GROUP_RE = re.compile(rf"\*|{_NAME}|")
+_NAMESPACE_RE = re.compile(r"\*|[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+
+
+def _check_rule(rule: AccessRule, where: str) -> None:
+    """One rule's values: what could never match a request is a typo, and a deny rule that
+    never matches denies nothing."""
+    if rule.path is not None and not rule.path.startswith("/"):
+        raise ConfigError(f"{where}.path: must start with '/', got {rule.path!r}")
+    for i, method in enumerate(rule.methods):
+        if not _METHOD_RE.fullmatch(method):
+            raise ConfigError(f"{where}.methods[{i}]: not an HTTP method: {method!r}")
+    for i, verb in enumerate(rule.verbs):
+        if verb not in RULE_VERBS:
+            known = ", ".join(sorted(RULE_VERBS))
+            raise ConfigError(f"{where}.verbs[{i}]: unknown verb {verb!r} (known: {known})")
+    checks = (
+        ("resources", rule.resources, _RESOURCE_RE, "'pods', 'pods/exec', '*/scale' or '*'"),
+        ("api_groups", rule.api_groups, _GROUP_RE, "'' (core), 'apps', '*'"),
+        ("namespaces", rule.namespaces, _NAMESPACE_RE, "a namespace name or '*'"),
+    )
+    for key, values, pattern, expected in checks:
+        for i, value in enumerate(values):
+            if not pattern.fullmatch(value):
+                raise ConfigError(f"{where}.{key}[{i}]: expected {expected}, got {value!r}")

@@ -104,9 +104,17 @@ class HubConfig:
 
 @dataclass(frozen=True)
 class AccessRule:
+    """One entry of ``security.rules``: every condition it names must hold (an empty one holds
+    always). ``verbs``, ``api_groups``, ``resources`` and ``namespaces`` read a request as the
+    apiserver resolves it, as RBAC does; ``path`` is a glob on the decoded path."""
+
     action: Literal["allow", "deny"]
-    path: str
+    path: str | None = None
     methods: tuple[str, ...] = ()
+    verbs: tuple[str, ...] = ()
+    api_groups: tuple[str, ...] = ()
+    resources: tuple[str, ...] = ()
+    namespaces: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

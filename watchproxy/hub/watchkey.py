@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from watchproxy.kube.apipath import ApiPath
+from watchproxy.kube.apipath import ApiPath, encode_segment
 from watchproxy.kube.negotiation import representation_for
 from watchproxy.kube.representation import Representation
 from watchproxy.kube.watchquery import WatchQuery
@@ -74,16 +74,18 @@ def watch_key(
     representation = representation_for(accept, query.include_object)
     if representation is None:
         return Unservable("representation")
+    # The fields are decoded text: the path sent upstream encodes them again (canonically).
+    version, resource = encode_segment(api_path.version), encode_segment(api_path.resource)
     if api_path.kind == "core":
-        prefix = f"/api/{api_path.version}"
+        prefix = f"/api/{version}"
         label = f"{api_path.version}/{api_path.resource}"
     else:
-        prefix = f"/apis/{api_path.group}/{api_path.version}"
+        prefix = f"/apis/{encode_segment(api_path.group)}/{version}"
         label = f"{api_path.group}/{api_path.version}/{api_path.resource}"
     if api_path.namespace is not None:
-        path = f"{prefix}/namespaces/{api_path.namespace}/{api_path.resource}"
+        path = f"{prefix}/namespaces/{encode_segment(api_path.namespace)}/{resource}"
     else:
-        path = f"{prefix}/{api_path.resource}"
+        path = f"{prefix}/{resource}"
     key = WatchKey(
         collection_path=path,
         resource_label=label,

@@ -2,7 +2,11 @@
 
 The proxy refuses non-canonical paths instead of normalising them: a path that two parsers could
 read differently (``..``, ``%2F``, ``//``, a backslash) is how a request aimed at one resource
-reaches another. What passes the check is forwarded byte for byte, as :attr:`ApiPath.raw`.
+reaches another. What passes the check is judged on its decoded segments, as the apiserver
+(Go's ``url.URL.Path``) decodes them: ``%73ecrets`` is ``secrets``. What goes upstream is
+:attr:`ApiPath.canonical`, those same segments encoded again one way only (:func:`encode_segment`),
+so that the bytes the apiserver receives decode to exactly the path that was judged. A path
+without ``%`` is already canonical and goes as it came.
 
 One trailing slash is not ambiguous: kube-apiserver serves ``/version/``, ``/api/``,
 ``/apis/apps/v1/``, ``/api/v1/namespaces/default/pods/`` and ``.../pods/p/`` exactly as without
@@ -27,15 +31,25 @@ _RAW_SEGMENT_RE = re.compile(r"[A-Za-z0-9\-._~!$&'()*+,;=:@%]*", re.ASCII)
 _ESCAPE_RE = re.compile(r"%([0-9A-Fa-f]{2})", re.ASCII)
 # Subresources of a namespace object itself (apiserver requestinfo's namespaceSubresources).
 _NAMESPACE_SUBRESOURCES = frozenset({"status", "finalize"})
+# RFC 3986 pchar without "%": what a canonical segment holds unescaped. Go's path decoding leaves
+# each of these as it is, so writing them plain or escaped means the same to the apiserver.
+_PCHAR = frozenset(
+    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~!$&'()*+,;=:@"
+)
+_PLAIN_SEGMENT_RE = re.compile(r"[A-Za-z0-9\-._~!$&'()*+,;=:@]*", re.ASCII)
+# The apiserver's special verbs (requestinfo's specialVerbs): a path segment after the version.
+_SPECIAL_VERBS = frozenset({"watch", "proxy"})
 
 
 @dataclass(frozen=True, slots=True)
 class ApiPath:
     """A checked API path and what it addresses.
 
-    Guarantees: ``raw`` is exactly the string that was checked (forward it, not a re-encoding);
-    every other field holds percent-decoded segment text that contains no ``/``, ``\\``, ``%``,
-    control character, and is never ``.`` or ``..``.
+    Guarantees: ``raw`` is exactly the string that was checked; ``canonical`` is what to forward:
+    ``segments`` encoded by :func:`encode_segment` (``raw`` itself, the same object, when ``raw``
+    has no ``%``), so it decodes to the same segments. ``segments`` and every other field hold
+    percent-decoded segment text that contains no ``/``, ``\\``, ``%``, control character, and
+    is never ``.`` or ``..``; ``segments`` are all of the path's, a trailing slash left out.
 
     ``kind`` is ``"core"`` for ``/api/v1/...`` resources, ``"group"`` for
     ``/apis/{group}/{version}/...`` resources, ``"discovery"`` for ``/api``, ``/api/{v}``,
@@ -58,6 +72,14 @@ class ApiPath:
     legacy_watch: bool = False
     tail: tuple[str, ...] = ()
     trailing_slash: bool = False
+    # Derived from the rest: not part of what a path is equal to (tests build expected values).
+    canonical: str = dataclasses.field(default="", compare=False)
+    segments: tuple[str, ...] = dataclasses.field(default=(), compare=False)
+
+    @property
+    def decoded(self) -> str:
+        """The decoded path, as the apiserver's ``URL.Path`` holds it (no trailing slash)."""
+        return "/" + "/".join(self.segments)
 
     @property
     def is_collection(self) -> bool:
@@ -80,15 +102,48 @@ def parse_api_path(raw_path: str) -> ApiPath:
     if not raw_path.startswith("/"):
         raise _invalid(raw_path, "must start with '/'")
     if raw_path == "/":
-        return ApiPath(raw=raw_path, kind="other")
+        return ApiPath(raw=raw_path, kind="other", canonical=raw_path)
     raw_segments = raw_path[1:].split("/")
     segments = [_decode_segment(raw_path, segment) for segment in raw_segments]
+    # Escapes of characters that need none (%73ecrets) are written plain, the rest one way.
+    canonical = raw_path if "%" not in raw_path else "/" + "/".join(map(encode_segment, segments))
     if len(segments) >= 2 and segments[-1] == "":
         # The apiserver serves "x/" as "x"; a second slash ("x//") stays an empty segment.
         parsed = _classify(raw_path, segments[:-1])
         tail = (*parsed.tail, "") if parsed.subresource == "proxy" else parsed.tail
-        return dataclasses.replace(parsed, trailing_slash=True, tail=tail)
-    return _classify(raw_path, segments)
+        return dataclasses.replace(
+            parsed,
+            trailing_slash=True,
+            tail=tail,
+            canonical=canonical,
+            segments=tuple(segments[:-1]),
+        )
+    return dataclasses.replace(
+        _classify(raw_path, segments), canonical=canonical, segments=tuple(segments)
+    )
+
+
+def encode_segment(segment: str) -> str:
+    """``segment`` (decoded text) as it goes in a canonical path: RFC 3986 ``pchar`` characters
+    as they are, every other character as the percent-escapes of its UTF-8 bytes, upper-case
+    hex. Decoding the result gives ``segment`` back."""
+    if _PLAIN_SEGMENT_RE.fullmatch(segment):
+        return segment
+    return "".join(
+        ch if ch in _PCHAR else "".join(f"%{byte:02X}" for byte in ch.encode("utf-8"))
+        for ch in segment
+    )
+
+
+def canonical_target(target: str) -> str:
+    """The request target to send upstream for ``target`` (a path :func:`parse_api_path`
+    accepts, and its query): the canonical path and the query as it came. Raises BadRequest for
+    a path it refuses. Without a ``%`` anywhere, ``target`` itself: the hot path does no work."""
+    if "%" not in target:
+        return target
+    path, mark, query = target.partition("?")
+    canonical = parse_api_path(path).canonical
+    return target if canonical == path else canonical + mark + query
 
 
 def _classify(raw_path: str, segments: list[str]) -> ApiPath:
@@ -123,6 +178,9 @@ def _parse_resource_path(
     _require_nonempty(raw_path, [version])
     if not rest:
         return ApiPath(raw=raw_path, kind="discovery", group=group, version=version)
+    if rest[0] in _SPECIAL_VERBS and len(rest) < 2:
+        # The apiserver cannot resolve "/api/v1/watch" (it answers 500): nothing to forward.
+        raise _invalid(raw_path, f"'{rest[0]}' names no resource")
     legacy_watch = rest[0] == "watch"
     if legacy_watch:
         rest = rest[1:]

@@ -29,6 +29,7 @@ from multidict import CIMultiDict
 
 from watchproxy.errors import ProxyError
 from watchproxy.hub.multiplexer import Headers
+from watchproxy.kube.apipath import canonical_target
 from watchproxy.kube.headers import response_headers
 from watchproxy.lists.ports import ListRequest
 from watchproxy.metrics import Metrics
@@ -156,7 +157,10 @@ class ListBatcher:
         counted_in: Counting,
     ) -> Answer | ProxyError | None:
         """The answer to ``GET path`` from an upstream request sent after this call began,
-        shared with every identical call waiting at the same time; None: too big to share."""
+        shared with every identical call waiting at the same time; None: too big to share.
+        ``path`` may be a client's target as it came: what goes upstream (and is shared) is its
+        canonical form, the path its route was judged on."""
+        path = canonical_target(path)
         key: Key = (
             path,
             tuple(

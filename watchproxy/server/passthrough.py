@@ -11,6 +11,7 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from watchproxy.errors import BadRequest, PayloadTooLarge, UpstreamTimeout, UpstreamUnavailable
+from watchproxy.kube.apipath import canonical_target
 from watchproxy.kube.headers import forwarded_credential, request_headers, response_headers
 from watchproxy.server.clientgone import started
 from watchproxy.server.requesthead import HEADER_BLOCKS_KEPT
@@ -140,7 +141,8 @@ class Forwarder:
         shared_headers: bool = False,
     ) -> UpstreamResponse:
         """Send a client's request upstream; its answer comes back with the body unread.
-        ``target`` is the raw request target the router checked: those exact bytes go.
+        ``target`` is the raw request target the router checked: its canonical form goes, which
+        decodes to the path the router judged (the same bytes, for a path without ``%``).
         ``shared_headers``: ``client_headers`` is a parse that later requests with the same
         lines share, never changed (``server.requesthead``): what goes upstream for it is
         worked out once. ``Upstream.open`` copies what it is given, so it can be shared."""
@@ -151,7 +153,7 @@ class Forwarder:
             headers, forwarded_auth = self.outgoing_headers(client_headers)
         return await self.upstream.open(
             method,
-            target,
+            canonical_target(target),
             headers=headers,
             body=body,
             verb=verb,

@@ -24,6 +24,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from watchproxy.errors import BadRequest, ProxyError, UpstreamUnavailable
 from watchproxy.kube.apipath import ApiPath, parse_api_path
 from watchproxy.kube.headers import impersonates
+from watchproxy.kube.requestinfo import RequestInfo, request_info, selector_name
 from watchproxy.kube.watchquery import WatchQuery, parse_watch_query
 from watchproxy.policy.access import (
     AccessPolicy,
@@ -160,6 +161,17 @@ def verb_of(method: str, api_path: ApiPath, watch: bool) -> str:
     return _METHOD_VERBS.get(method) or method.lower()
 
 
+def resolve(method: str, api_path: ApiPath, list_query: WatchQuery | None) -> RequestInfo:
+    """What the apiserver resolves the request to, as the access rules judge it: the decoded
+    path, a legacy ``/watch/`` path as the resource it watches, a LIST's ``metadata.name``
+    field selector as the name it reads. ``list_query``: the decoded list options where
+    :func:`reads_list_options` (else None)."""
+    if list_query is None:
+        return request_info(method, api_path)
+    name = selector_name(list_query.field_selector)
+    return request_info(method, api_path, list_query.watch, name)
+
+
 def refused_verb(method: str, raw_path: str, query: Mapping[str, str]) -> str:
     """The verb of a refused request (for the metrics' labels): from its path and query when
     they parse, else from its method alone."""
@@ -192,8 +204,9 @@ def classify(
     *,
     draining: bool = False,
 ) -> Route:
-    """The route of one request: ``target`` is the raw request target (path and query, the
-    exact bytes that are forwarded), ``query`` its decoded parameters. Never raises a
+    """The route of one request: ``target`` is the raw request target (path and query; what is
+    forwarded is :func:`~watchproxy.kube.apipath.canonical_target` of it, which decodes to the
+    path judged here), ``query`` its decoded parameters. Never raises a
     :class:`~watchproxy.errors.ProxyError`: a refusal is a route."""
     host = host_name(headers.get("Host"))
     raw_path, _, raw_query = target.partition("?")
@@ -210,11 +223,13 @@ def classify(
             list_query = parse_watch_query(query)
         except BadRequest as error:
             return _refused(Refusal.QUERY, error, method, raw_path, query)
-    verb = verb_of(method, api_path, list_query is not None and list_query.watch)
+    watch = list_query is not None and list_query.watch
+    verb = verb_of(method, api_path, watch)
     impersonating = impersonates(headers)
     try:
-        # The apiserver serves "x/" as "x": so must every rule written for "x" apply to it.
-        routing.policy.check(method, raw_path[:-1] if api_path.trailing_slash else raw_path)
+        policy = routing.policy
+        if policy.active:
+            policy.check(method, resolve(method, api_path, list_query))
         if impersonating:
             routing.policy.check_impersonation(headers.keys())
     except ReadOnlyRefused as error:

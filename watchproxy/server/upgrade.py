@@ -27,6 +27,7 @@ from aiohttp.abc import AbstractStreamWriter
 from multidict import CIMultiDict
 
 from watchproxy.errors import BadRequest
+from watchproxy.kube.apipath import canonical_target
 from watchproxy.kube.headers import forwarded_credential, request_headers, response_headers
 from watchproxy.server.clientgone import started
 from watchproxy.upstream.client import Upstream
@@ -139,7 +140,7 @@ class UpgradeRelay:
             headers["Upgrade"] = upgrade
         answer = await self.upstream.open_upgrade(
             request.method,
-            request.raw_path,
+            canonical_target(request.raw_path),  # what the router judged, decoded
             headers=headers,
             forwarded_auth=forwarded_credential(request.headers, self.forward_identity),
         )
