@@ -13,12 +13,14 @@ from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
 
 from watchproxy.hub.multiplexer import Hub, Refusal
+from watchproxy.kube import websocket
 from watchproxy.kube.apipath import ApiPath
 from watchproxy.kube.contentcoding import GZIP, IDENTITY, gzip_member, watch_coding
 from watchproxy.kube.watchquery import WatchQuery
 from watchproxy.lists.cached import CachedLists
 from watchproxy.lists.ports import ListRequest
 from watchproxy.server.clientgone import started
+from watchproxy.server.wswatch import WebSocketStarter
 
 
 def chunk(data: bytes) -> bytes:
@@ -163,6 +165,24 @@ class HubEndpoint:
         # The apiserver reads only the first Accept-Encoding header; so does headers.get.
         starter = _Starter(request, watch_coding(query, request.headers.get("Accept-Encoding")))
         served = await self.hub.serve(api_path, query, request.headers, starter)
+        return self._answer(served, starter)
+
+    async def serve_websocket(
+        self, request: web.Request, api_path: ApiPath, query: WatchQuery
+    ) -> web.StreamResponse | None:
+        """A watch asked for over WebSocket: served by the hub, one event per message; None
+        (relay it) for a handshake the apiserver would refuse, so that it answers it."""
+        handshake = websocket.handshake(request.method, request.headers)
+        if handshake is None:
+            return None
+        starter = WebSocketStarter(request, handshake)
+        served = await self.hub.serve(api_path, query, request.headers, starter)
+        return self._answer(served, starter)
+
+    @staticmethod
+    def _answer(
+        served: Refusal | str | None, starter: _Starter | WebSocketStarter
+    ) -> web.StreamResponse | None:
         if served is None:
             return None
         if isinstance(served, Refusal):
