@@ -374,3 +374,54 @@ async def test_a_websocket_client_that_reads_nothing_is_ended_alone(tmp_path: An
         await wait_for(lambda: hub.active_clients == 0, timeout=15)
         assert running.proxy.metrics.slow_subscribers._value.get() == 1  # type: ignore[attr-defined]
         writer.close()
+
+
+async def test_a_stopping_proxy_ends_a_websocket_watch_with_close_1000(
+    tmp_path: Any,
+) -> None:
+    async with running_proxy(tmp_path) as running, aiohttp.ClientSession() as session:
+        running.fake.store.create("pods", "default", pod("p"))
+        hub = running.proxy.hub
+        assert hub is not None
+        async with session.ws_connect(ws_url(running, PODS + "?watch=1"), headers=ORIGIN) as ws:
+            first = await asyncio.wait_for(ws.receive(), 5)
+            assert first.type is aiohttp.WSMsgType.TEXT
+            stopping = asyncio.ensure_future(running.proxy.stop())
+            end = await asyncio.wait_for(ws.receive(), 10)
+            assert (end.type, end.data) == (aiohttp.WSMsgType.CLOSE, 1000)
+            await asyncio.wait_for(stopping, 30)
+
+
+async def test_a_websocket_resume_the_hubs_relist_made_ambiguous_gets_its_410_message(
+    tmp_path: Any,
+) -> None:
+    overrides = {"backoff.initial_seconds": 0.05, "backoff.max_seconds": 0.2}
+    async with running_proxy(tmp_path, overrides) as running, aiohttp.ClientSession() as session:
+        store, faults = running.fake.store, running.fake.faults
+        store.create("pods", "default", pod("p0"))
+        events: list[dict[str, Any]] = []
+
+        def follow(got: list[dict[str, Any]]) -> bool:
+            events[:] = got
+            return ("ADDED", "p2") in names(got)
+
+        follower = asyncio.ensure_future(
+            read_ws_watch(session, ws_url(running, PODS + "?watch=1"), until=follow, timeout=30)
+        )
+        await wait_for(lambda: len(events) == 1)
+        # Writes the hub cannot see, then compacted away: its resume gets 410 and it relists,
+        # so an RV between its last one and the relist's is one it cannot answer exactly.
+        await faults.outage("refuse")
+        between = store.create("pods", "default", pod("p1"))["metadata"]["resourceVersion"]
+        store.create("pods", "default", pod("p2"))
+        store.compact()
+        await faults.recover()
+        await asyncio.wait_for(follower, 30)
+        got = await read_ws_watch(
+            session, ws_url(running, PODS + f"?watch=1&resourceVersion={between}")
+        )
+        [event] = got.events
+        assert (event["type"], event["object"]["code"]) == ("ERROR", 410)
+        assert got.close_code == 1000
+        assert running.proxy.metrics.expired._value.get() == 1  # type: ignore[attr-defined]
+        assert not [r for r in running.fake.stats.requests if "Upgrade" in r.headers]
