@@ -26,8 +26,8 @@ client frames masked).
 from __future__ import annotations
 
 import base64
-import binascii
 import hashlib
+import re
 import struct
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -48,12 +48,18 @@ MAX_CONTROL_PAYLOAD = 125
 
 
 def is_websocket_request(headers: Mapping[str, str]) -> bool:
-    """``Upgrade: websocket`` and an ``upgrade`` token in ``Connection``: what the apiserver's
-    ``wsstream.IsWebSocketRequest`` asks before it serves a watch over WebSocket."""
-    if headers.get("Upgrade", "").strip().lower() != "websocket":
+    """``Upgrade: websocket`` and "upgrade" anywhere in ``Connection`` (a substring, not a
+    token: the apiserver's ``wsstream.IsWebSocketRequest`` and x/net's handshake both ask
+    so) — a watch the apiserver serves over WebSocket."""
+    if headers.get("Upgrade", "").lower() != "websocket":
         return False
-    tokens = (token.strip().lower() for token in headers.get("Connection", "").split(","))
-    return "upgrade" in tokens
+    return "upgrade" in headers.get("Connection", "").lower()
+
+
+# What Go's url.ParseRequestURI takes (x/net parses the Origin so): an absolute URI (a scheme
+# and a colon) or an absolute path, without control characters. "null" (a browser's opaque
+# origin) is neither: 403.
+_ORIGIN = re.compile(r"(?:[A-Za-z][A-Za-z0-9+.-]*:|/)[^\x00-\x1f\x7f]*")
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,16 +89,13 @@ def handshake(method: str, headers: Mapping[str, str]) -> Handshake | None:
     it (it answers those itself: a request the proxy relays unchanged)."""
     if method != "GET" or not is_websocket_request(headers):
         return None
-    if headers.get("Sec-WebSocket-Version", "").strip() != "13":
+    if headers.get("Sec-WebSocket-Version", "") != "13":
         return None
-    key = headers.get("Sec-WebSocket-Key", "").strip()
-    try:
-        if len(base64.b64decode(key, validate=True)) != 16:
-            return None
-    except (binascii.Error, ValueError):
-        return None
-    if not headers.get("Origin"):
-        return None  # x/net's websocket.Handler: "null origin", 403
+    key = headers.get("Sec-WebSocket-Key", "")
+    if not key:
+        return None  # x/net takes any other key as it comes, as RFC 6455's hash does
+    if _ORIGIN.fullmatch(headers.get("Origin", "")) is None:
+        return None  # x/net's websocket.Handler: no Origin ("null origin") or a bad one, 403
     offered = headers.get("Sec-WebSocket-Protocol", "").strip()
     protocols = [p.strip() for p in offered.split(",")] if offered else []
     if len(protocols) > 1:
