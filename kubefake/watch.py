@@ -21,6 +21,7 @@ from .resources import ResourceType
 from .selectors import Filter
 from .store import Change, Obj, etcd_order
 from .table import METADATA, TABLE, Representation, partial_metadata, to_table
+from .websocket import WebSocketWatch, is_websocket, websocket_refusal
 
 INITIAL_EVENTS_END = "k8s.io/initial-events-end"
 
@@ -159,6 +160,7 @@ async def serve_watch(
     # Subscribing and reading the initial state happen in one step: nothing is missed or repeated.
     unsubscribe = ctx.store.subscribe(rt.name, on_change)
     opened = False
+    ws_watch: WebSocketWatch | None = None  # closed on the way out, however the watch ends
     try:
         initial: list[tuple[str, Obj]] = []
         expired: Expired | None = None
@@ -183,10 +185,17 @@ async def serve_watch(
                         initial.append(event)
         except Expired as exc:
             expired = exc
-        resp = web.StreamResponse(
-            status=200, headers={**headers, "Content-Type": "application/json"}
-        )
-        resp.enable_chunked_encoding()
+        resp: web.StreamResponse | WebSocketWatch
+        if is_websocket(request):
+            refused = websocket_refusal(request)
+            if refused is not None:
+                return refused
+            resp = ws_watch = WebSocketWatch(request, stream)
+        else:
+            resp = web.StreamResponse(
+                status=200, headers={**headers, "Content-Type": "application/json"}
+            )
+            resp.enable_chunked_encoding()
         await resp.prepare(request)
         ctx.streams.add(stream)
         ctx.stats.watch_opened(request.path)
@@ -195,22 +204,28 @@ async def serve_watch(
         if expired is not None:
             await resp.write(encoder.error(expired.status()))
             await resp.write_eof()
-            return resp
+            return _answer(resp)
         if ctx.faults.hang:
             while await stream.queue.get() is not CUT:
                 pass
-            return resp
+            return _answer(resp)
         await _stream_events(ctx, stream, resp, encoder, flt, opts, initial, last_rv)
         if not stream.cut_off or overflow:
             await resp.write_eof()
-        return resp
+        return _answer(resp)
     except ConnectionError:
         return web.Response()  # the client went away: nothing left to write
     finally:
+        if ws_watch is not None:
+            await ws_watch.close()
         unsubscribe()
         ctx.streams.discard(stream)
         if opened:
             ctx.stats.watch_closed()
+
+
+def _answer(resp: web.StreamResponse | WebSocketWatch) -> web.StreamResponse:
+    return resp.response if isinstance(resp, WebSocketWatch) else resp
 
 
 def _default_timeout(ctx: ServerContext) -> float:
@@ -221,7 +236,7 @@ def _default_timeout(ctx: ServerContext) -> float:
 async def _stream_events(
     ctx: ServerContext,
     stream: OpenStream,
-    resp: web.StreamResponse,
+    resp: web.StreamResponse | WebSocketWatch,
     encoder: EventEncoder,
     flt: Filter,
     opts: WatchOptions,

@@ -175,6 +175,12 @@ ROWS = (
     ),
     Row("HTTP", "protobuf watches and lists", ("test_protobuf::",)),
     Row(
+        "WebSocket (fabric8's default watch)",
+        "watch over WebSocket from the hub as direct: messages (JSON text, protobuf binary), "
+        "close 1000 at timeoutSeconds, in-stream 410, handshake answers, ping and close",
+        ("test_websocket_watch_real::",),
+    ),
+    Row(
         "HTTP",
         "CBOR lists and watches (CBORServingAndStorage on) as direct, beside shared JSON",
         ("test_cbor::test_cbor_lists_and_watches",),

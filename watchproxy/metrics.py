@@ -94,8 +94,8 @@ class Metrics:
         self.rejected = add(
             Counter,
             "watchproxy_rejected_requests",
-            "Client requests and connections refused by the proxy itself, by reason (host, "
-            "path, read-only, policy, connections, header-timeout, malformed).",
+            "Requests and connections the proxy refused itself, by reason (host, path, read-only, "
+            "policy, impersonation, upgrade-not-relayed, connections, header-timeout, malformed).",
             ["reason"],
         )
         self.client_connections = add(

@@ -110,6 +110,14 @@ async def test_revoked_client_gets_403_for_shared_state_within_the_ttl(tmp_path:
             assert (status, json.loads(body)) == (403, forbidden("watch"))
             status, body = await get(session, base, auth)  # a consistent LIST, hub-served
             assert (status, json.loads(body)) == (403, forbidden("list"))
+            # A watch asked for over WebSocket is refused before its handshake, as the
+            # apiserver's authorization filter refuses it.
+            with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+                await session.ws_connect(
+                    base + "?watch=1&resourceVersion=0",
+                    headers={**auth, "Origin": running.url},
+                )
+            assert refused.value.status == 403
             assert sample(running, "watchproxy_lists_from_cache_total") == served
             assert (
                 sample(running, "watchproxy_authorization_verdicts_total", {"verdict": "denied"})

@@ -623,3 +623,46 @@ async def test_metadata_only_list_and_legacy_watch_path(fake_api: FakeApiServer)
         assert "spec" not in body["items"][0]
         async with c.watch("/api/v1/watch/namespaces/default/pods", watch="false") as w:
             assert names(await w.events(1)) == [("ADDED", "a")]
+
+
+# -- watches over WebSocket (as kube-apiserver 1.37's HandleWS) ---------------------------------
+
+
+async def test_a_websocket_watch_sends_one_text_message_per_event_and_closes_with_1000(
+    fake_api: FakeApiServer,
+) -> None:
+    fake_api.store.create("pods", "default", pod("a"))
+    async with client(fake_api) as c:
+        url = PODS + "?watch=true&timeoutSeconds=1"
+        async with c.session.ws_connect(
+            url,
+            ssl=c.ssl,
+            headers={"Origin": fake_api.url},
+            protocols=("v4.channel.k8s.io",),
+            autoping=False,
+        ) as ws:
+            assert ws.protocol == "v4.channel.k8s.io"  # the one offered is echoed
+            first = await asyncio.wait_for(ws.receive(), 5)
+            assert first.type is aiohttp.WSMsgType.TEXT and first.data.endswith("}\n")
+            assert names([json.loads(first.data)]) == [("ADDED", "a")]
+            await ws.ping(b"p")
+            pong = await asyncio.wait_for(ws.receive(), 5)
+            assert (pong.type, pong.data) == (aiohttp.WSMsgType.PONG, b"p")
+            fake_api.store.create("pods", "default", pod("b"))
+            second = await asyncio.wait_for(ws.receive(), 5)
+            assert names([json.loads(second.data)]) == [("ADDED", "b")]
+            end = await asyncio.wait_for(ws.receive(), 5)  # timeoutSeconds
+            assert (end.type, end.data) == (aiohttp.WSMsgType.CLOSE, 1000)
+
+
+async def test_a_websocket_watch_without_origin_or_with_two_subprotocols_is_refused(
+    fake_api: FakeApiServer,
+) -> None:
+    async with client(fake_api) as c:
+        for headers, status in (
+            (None, 403),
+            ({"Origin": "x://y", "Sec-WebSocket-Protocol": "a, b"}, 400),
+        ):
+            with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+                await c.session.ws_connect(PODS + "?watch=1", ssl=c.ssl, headers=headers)
+            assert refused.value.status == status

@@ -294,6 +294,7 @@ def test_only_the_refusals_a_metric_counts_are_counted() -> None:
         "read-only",
         "policy",
         "impersonation",
+        "upgrade-not-relayed",
     }
 
 
@@ -498,3 +499,46 @@ def test_another_page_of_a_shape_routes_as_classify_routes_it(
         )
 
     assert comparable(with_continue(first, tokens[1])) == comparable(second)
+
+
+WEBSOCKET = {"Upgrade": "websocket", "Connection": "Upgrade"}
+
+
+def test_a_websocket_watch_is_served_by_the_hub_or_else_relayed_as_an_upgrade() -> None:
+    target = f"{PODS}?watch=true&allowWatchBookmarks=true"
+    shared = route("GET", target, **WEBSOCKET)
+    assert (shared.kinds, shared.verb, shared.streaming) == (
+        (K.HUB_WEBSOCKET_WATCH, K.UPGRADE),
+        "watch",
+        True,
+    )
+    assert shared.query is not None and shared.query.allow_watch_bookmarks
+    legacy = route("GET", "/api/v1/watch/namespaces/d/pods", **WEBSOCKET)
+    assert legacy.kinds == (K.HUB_WEBSOCKET_WATCH, K.UPGRADE)
+    no_hub = Routing.of(("localhost",), POLICY)
+    assert route("GET", target, no_hub, **WEBSOCKET).kinds == (K.UPGRADE,)
+    # Someone else's view, or a negative timeout: the apiserver's to serve.
+    impersonated = Routing.of(
+        ("localhost",), AccessPolicy(RULES, forward_impersonation=True), hub=True
+    )
+    assert route("GET", target, impersonated, Impersonate_User="u", **WEBSOCKET).kinds == (
+        K.UPGRADE,
+    )
+    assert route("GET", f"{target}&timeoutSeconds=-1", **WEBSOCKET).kinds == (K.UPGRADE,)
+
+
+@pytest.mark.parametrize(
+    ("method", "target", "headers", "routing"),
+    [
+        ("GET", f"{PODS}?watch=true", WEBSOCKET, with_services(upgrades=False)),
+        ("GET", f"{PODS}?watch=true", {"Upgrade": "h2c", "Connection": "Upgrade"}, FULL),
+        ("GET", f"{PODS}?watch=true", {"Upgrade": "websocket"}, FULL),  # no Connection: upgrade
+        ("GET", f"{PODS}/p", WEBSOCKET, FULL),  # a GET of one object is no watch
+    ],
+    ids=["upgrades-off", "h2c", "no-connection-upgrade", "not-a-watch"],
+)
+def test_an_upgrade_that_is_neither_a_websocket_watch_nor_exec_is_refused_and_counted(
+    method: str, target: str, headers: dict[str, str], routing: Routing
+) -> None:
+    got = route(method, target, routing, **headers)
+    assert got.refusal is Refusal.UPGRADE_NOT_RELAYED and got.refusal.counted

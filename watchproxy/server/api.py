@@ -36,6 +36,8 @@ log = logging.getLogger("watchproxy.server")
 
 # A client over its errored-watch budget is held this long at most, then told 429.
 MAX_ERROR_HOLD_SECONDS = 5.0
+# Distinct (refused upgrade, client) pairs remembered so that each is logged once.
+MAX_REFUSALS_LOGGED = 1024
 # Set on a watch request: its errored-watch key, and whether it asked for a short timeout.
 _ERRORS_KEY = web.RequestKey("watchproxy.errored_watch", tuple[tuple[str, str, str], bool])
 
@@ -48,6 +50,11 @@ class WatchServer(Protocol):
     async def serve(
         self, request: web.Request, api_path: ApiPath, query: WatchQuery
     ) -> web.StreamResponse | None: ...
+
+    async def serve_websocket(
+        self, request: web.Request, api_path: ApiPath, query: WatchQuery
+    ) -> web.StreamResponse | None:
+        """The same for a watch asked for over WebSocket: None to relay the upgrade."""
 
     async def serve_list(
         self, request: ListRequest, api_path: ApiPath, query: WatchQuery
@@ -79,6 +86,9 @@ class Declines:
     collaborators typed as always present."""
 
     async def serve(self, request: ListRequest, *args: object) -> None:
+        return None
+
+    async def serve_websocket(self, request: web.Request, *args: object) -> None:
         return None
 
     async def serve_list(self, request: ListRequest, *args: object) -> None:
@@ -160,6 +170,7 @@ class ApiHandler:
         self._handlers: dict[RouteKind, Handler] = {
             RouteKind.UPGRADE: self._upgrade,
             RouteKind.HUB_WATCH: self._hub_watch,
+            RouteKind.HUB_WEBSOCKET_WATCH: self._hub_websocket_watch,
             RouteKind.CACHED_LIST: self._cached_list,
             RouteKind.CONSISTENT_LIST: self._consistent_list,
             RouteKind.BATCHED_LIST: self._batched_list,
@@ -172,6 +183,9 @@ class ApiHandler:
         # its work loses nothing. Every answer then closes its connection, and the client
         # reconnects to the next instance.
         self.draining = False
+        # (what was refused, from whom) already logged: an upgrade refused is logged once per
+        # kind and client, not per request (fabric8 retries its watches for ever).
+        self._refusals_logged: set[tuple[str, str, str, str]] = set()
 
     async def __call__(self, request: web.Request) -> web.StreamResponse:
         started = self._clock()
@@ -235,6 +249,8 @@ class ApiHandler:
         elif why is Refusal.PATH:
             raw_path = request.raw_path.partition("?")[0]
             log.warning("refused non-canonical path %r from %s", raw_path[:200], request.remote)
+        elif why is Refusal.UPGRADE_NOT_RELAYED:
+            self._log_refused_upgrade(request, route)
         elif why.counted:
             raw_path = request.raw_path.partition("?")[0]
             log.info(
@@ -245,6 +261,24 @@ class ApiHandler:
                 request.remote,
             )
         return status_response(route.error)
+
+    def _log_refused_upgrade(self, request: web.Request, route: Route) -> None:
+        upgrade = request.headers.get("Upgrade", "")[:40]
+        client = (request.remote or "", request.headers.get("User-Agent", "")[:200])
+        seen = (upgrade.lower(), route.verb, *client)
+        if seen in self._refusals_logged:
+            return
+        if len(self._refusals_logged) >= MAX_REFUSALS_LOGGED:
+            self._refusals_logged.clear()  # bounded; at worst a client is logged again
+        self._refusals_logged.add(seen)
+        log.warning(
+            "refused an upgrade (%r, %s %s) from %s (%s): watchproxy does not relay it; "
+            "further ones of this kind from this client are counted, not logged",
+            upgrade,
+            route.verb,
+            request.raw_path.partition("?")[0][:200],
+            *client,
+        )
 
     def check_client_limit(self, remote: str, verb: str) -> None:
         """Raises TooManyRequests when the client at ``remote`` is over its LIST/WATCH rate."""
@@ -301,6 +335,16 @@ class ApiHandler:
         self._streams.inc()
         try:
             return await self.hub.serve(request, route.api_path, route.query)
+        finally:
+            self._streams.dec()
+
+    async def _hub_websocket_watch(
+        self, request: web.Request, route: Route
+    ) -> web.StreamResponse | None:
+        assert route.api_path is not None and route.query is not None
+        self._streams.inc()
+        try:
+            return await self.hub.serve_websocket(request, route.api_path, route.query)
         finally:
             self._streams.dec()
 

@@ -26,6 +26,7 @@ from watchproxy.kube.apipath import ApiPath, parse_api_path
 from watchproxy.kube.headers import impersonates
 from watchproxy.kube.requestinfo import RequestInfo, request_info, selector_name
 from watchproxy.kube.watchquery import WatchQuery, parse_watch_query
+from watchproxy.kube.websocket import is_websocket_request
 from watchproxy.policy.access import (
     AccessPolicy,
     HostNotAllowed,
@@ -49,6 +50,7 @@ class RouteKind(enum.Enum):
     REFUSED = "refused"
     UPGRADE = "upgrade"  # exec, attach, port-forward: relayed as raw bytes after the 101
     HUB_WATCH = "hub-watch"  # a watch the hub may share
+    HUB_WEBSOCKET_WATCH = "hub-websocket-watch"  # the same, asked for over WebSocket
     CACHED_LIST = "cached-list"  # resourceVersion=0: any state, the hub's if it has one
     CONSISTENT_LIST = "consistent-list"  # no resourceVersion: the hub's once it is current
     BATCHED_LIST = "batched-list"  # identical LISTs in flight together share one
@@ -75,7 +77,14 @@ class Refusal(enum.Enum):
 
 
 _COUNTED = frozenset(
-    {Refusal.HOST, Refusal.PATH, Refusal.READ_ONLY, Refusal.POLICY, Refusal.IMPERSONATION}
+    {
+        Refusal.HOST,
+        Refusal.PATH,
+        Refusal.READ_ONLY,
+        Refusal.POLICY,
+        Refusal.IMPERSONATION,
+        Refusal.UPGRADE_NOT_RELAYED,
+    }
 )
 
 # The routes' kind sequences: constants, so that classifying allocates none.
@@ -83,6 +92,8 @@ Kinds = tuple[RouteKind, ...]
 _REFUSED: Kinds = (RouteKind.REFUSED,)
 _UPGRADE: Kinds = (RouteKind.UPGRADE,)
 _HUB_WATCH: Kinds = (RouteKind.HUB_WATCH, RouteKind.PASSTHROUGH_STREAM)
+# A WebSocket watch the hub declines is relayed as the upgrade it is.
+_HUB_WEBSOCKET_WATCH: Kinds = (RouteKind.HUB_WEBSOCKET_WATCH, RouteKind.UPGRADE)
 _CACHED_LIST: Kinds = (RouteKind.CACHED_LIST, RouteKind.PASSTHROUGH)
 _CONSISTENT_LIST: Kinds = (RouteKind.CONSISTENT_LIST, RouteKind.PASSTHROUGH)
 _CONSISTENT_OR_BATCHED_LIST: Kinds = (
@@ -243,14 +254,20 @@ def classify(
     if draining and (streaming or upgrade):
         closing = UpstreamUnavailable("watchproxy is shutting down", retry_after=1)
         return Route(_REFUSED, verb, api_path, list_query, streaming, Refusal.DRAINING, closing)
+    # Someone else's view (impersonation forwarded): the hub's state is not theirs to serve.
+    hub = routing.hub and not impersonating
+    if upgrade and verb == "watch" and is_websocket_request(headers):
+        # A watch over WebSocket (fabric8's default): served as any watch, else relayed.
+        if hub and list_query is not None and (list_query.timeout_seconds or 0) >= 0:
+            return Route(_HUB_WEBSOCKET_WATCH, verb, api_path, list_query, True)
+        if routing.upgrades:
+            return Route(_UPGRADE, verb, api_path, list_query, True)
     if upgrade or api_path.subresource in UPGRADE_SUBRESOURCES:
         if not routing.upgrades or api_path.subresource not in UPGRADE_SUBRESOURCES:
             refused = BadRequest(f"watchproxy does not relay upgrades on {raw_path}")
             why = Refusal.UPGRADE_NOT_RELAYED
             return Route(_REFUSED, verb, api_path, list_query, streaming, why, refused)
         return Route(_UPGRADE, verb, api_path, list_query, streaming)
-    # Someone else's view (impersonation forwarded): the hub's state is not theirs to serve.
-    hub = routing.hub and not impersonating
     if verb == "watch":
         # A negative timeoutSeconds is valid and ends the watch at once: the apiserver's call.
         if hub and list_query is not None and (list_query.timeout_seconds or 0) >= 0:

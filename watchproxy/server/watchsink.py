@@ -14,6 +14,7 @@ from aiohttp.abc import AbstractStreamWriter
 
 from watchproxy.hub.multiplexer import Hub, Refusal
 from watchproxy.hub.watchkey import Unservable
+from watchproxy.kube import websocket
 from watchproxy.kube.apipath import ApiPath
 from watchproxy.kube.contentcoding import GZIP, IDENTITY, gzip_member, watch_coding
 from watchproxy.kube.watchquery import WatchQuery
@@ -21,6 +22,7 @@ from watchproxy.lists.cached import CachedLists
 from watchproxy.lists.ports import ListRequest
 from watchproxy.lists.sharedaccess import SharedAccess
 from watchproxy.server.clientgone import started
+from watchproxy.server.wswatch import WebSocketStarter
 
 
 def chunk(data: bytes) -> bytes:
@@ -165,17 +167,49 @@ class HubEndpoint:
     async def serve(
         self, request: web.Request, api_path: ApiPath, query: WatchQuery
     ) -> web.StreamResponse | None:
-        access = self.access
-        if access is not None and not isinstance(
-            self.hub.key_of(api_path, query, request.headers), Unservable
-        ):
-            admitted = await access.admit(request.headers, "watch", api_path, query)
-            if admitted is not True:
-                # Passed through (the apiserver answers), or the apiserver's 403.
-                return admitted if isinstance(admitted, web.Response) else None
+        admitted = await self._admitted(request, api_path, query)
+        if admitted is not True:
+            # Passed through (the apiserver answers), or the apiserver's 403.
+            return admitted if isinstance(admitted, web.Response) else None
         # The apiserver reads only the first Accept-Encoding header; so does headers.get.
         starter = _Starter(request, watch_coding(query, request.headers.get("Accept-Encoding")))
         served = await self.hub.serve(api_path, query, request.headers, starter)
+        return self._answer(served, starter)
+
+    async def serve_websocket(
+        self, request: web.Request, api_path: ApiPath, query: WatchQuery
+    ) -> web.StreamResponse | None:
+        """A watch asked for over WebSocket: served by the hub, one event per message; None
+        (relay it) for a handshake the apiserver would refuse, so that it answers it."""
+        handshake = websocket.handshake(request.method, request.headers)
+        if handshake is None:
+            return None
+        admitted = await self._admitted(request, api_path, query)
+        if admitted is not True:
+            # Passed through (the apiserver answers), or the apiserver's 403.
+            return admitted if isinstance(admitted, web.Response) else None
+        starter = WebSocketStarter(request, handshake)
+        served = await self.hub.serve(api_path, query, request.headers, starter)
+        return self._answer(served, starter)
+
+    async def _admitted(
+        self, request: web.Request, api_path: ApiPath, query: WatchQuery
+    ) -> web.Response | bool:
+        """True when the hub may serve this watch; False to pass it through (the apiserver
+        answers); or the apiserver's 403. Asked only in forward identity mode, for a watch the
+        hub would share; over WebSocket the 403 comes before the handshake, as the apiserver's
+        authorization filter answers it."""
+        access = self.access
+        if access is None or isinstance(
+            self.hub.key_of(api_path, query, request.headers), Unservable
+        ):
+            return True
+        return await access.admit(request.headers, "watch", api_path, query)
+
+    @staticmethod
+    def _answer(
+        served: Refusal | str | None, starter: _Starter | WebSocketStarter
+    ) -> web.StreamResponse | None:
         if served is None:
             return None
         if isinstance(served, Refusal):
