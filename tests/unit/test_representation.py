@@ -397,6 +397,64 @@ def test_table_with_rv_and_bookmark() -> None:
     assert rep.object_rv(bookmark) == "120"
 
 
+# The default table convertor's columns, as kube-apiserver 1.37 sends them for roles.
+DEFAULT_CONVERTOR_COLUMNS = [
+    {
+        "name": "Name",
+        "type": "string",
+        "format": "name",
+        "description": "Name must be unique.",
+        "priority": 0,
+    },
+    {
+        "name": "Created At",
+        "type": "date",
+        "format": "",
+        "description": "CreationTimestamp.",
+        "priority": 0,
+    },
+]
+
+
+def test_a_table_bookmark_has_null_columns_and_the_default_convertors_empty_row() -> None:
+    """The apiserver runs the table convertor on the bookmark's empty object: the default
+    convertor prints an empty name and Go's zero time; no headers after the first event."""
+    rep = table_rep()
+    rep.list_items(table_list("90", table_row("a", "5"), columns=DEFAULT_CONVERTOR_COLUMNS))
+    bookmark = rep.bookmark_object("120", initial_events_end=True)
+    assert list(bookmark) == ["kind", "apiVersion", "metadata", "columnDefinitions", "rows"]
+    assert bookmark["columnDefinitions"] is None
+    assert bookmark["rows"][0]["cells"] == ["", "0001-01-01T00:00:00Z"]
+
+
+def test_a_table_bookmark_takes_the_cells_of_the_apiservers_own_bookmarks() -> None:
+    """A kind with its own printer (secrets: name, type, data, age) prints what only the
+    server knows for an empty object: none until an upstream bookmark shows them."""
+    rep = table_rep()
+    rep.list_items(table_list("90", table_row("a", "5")))
+    assert rep.bookmark_object("120")["rows"][0]["cells"] == []
+    upstream = rep.bookmark_object("130")
+    upstream["rows"] = [{**upstream["rows"][0], "cells": ["", "", 0, "<unknown>"]}]
+    rep.learn_bookmark(upstream)
+    assert rep.bookmark_object("140")["rows"][0]["cells"] == ["", "", 0, "<unknown>"]
+    # Learned cells win over the default convertor's guess.
+    rep.list_items(table_list("150", table_row("a", "5"), columns=DEFAULT_CONVERTOR_COLUMNS))
+    assert rep.bookmark_object("160")["rows"][0]["cells"] == ["", "", 0, "<unknown>"]
+
+
+def test_a_bookmark_as_a_streams_first_line_gets_the_columns_in_place_of_null() -> None:
+    rep = table_rep()
+    rep.list_items(table_list("90", table_row("a", "5")))
+    line = rep.encode_event("BOOKMARK", rep.bookmark_object("120", initial_events_end=True))
+    assert b'"columnDefinitions":null' in line
+    fixed = rep.first_line_fixup(line)
+    assert fixed.count(b"columnDefinitions") == 1
+    obj = json.loads(fixed)["object"]
+    assert list(obj) == ["kind", "apiVersion", "metadata", "columnDefinitions", "rows"]
+    assert obj["columnDefinitions"] == COLUMNS
+    assert rep.first_line_fixup(fixed) == fixed
+
+
 def test_table_include_object_learns_the_watched_kind_for_bookmarks() -> None:
     rep = table_rep("Object")
     row = {
