@@ -299,15 +299,15 @@ def table_list(rv: str, *rows: dict[str, Any], columns: list[Any] = COLUMNS) -> 
 
 
 def table_event_object(row: dict[str, Any], columns: list[Any] | None = None) -> dict[str, Any]:
-    obj: dict[str, Any] = {
+    """A watch event's Table as the apiserver writes it: the columns in the first event of a
+    stream, null in every later one."""
+    return {
         "kind": "Table",
         "apiVersion": "meta.k8s.io/v1",
         "metadata": {"resourceVersion": row["object"]["metadata"]["resourceVersion"]},
+        "columnDefinitions": columns,
+        "rows": [row],
     }
-    if columns is not None:
-        obj["columnDefinitions"] = columns
-    obj["rows"] = [row]
-    return obj
 
 
 def table_rep(include_object: str = "Metadata") -> TableRepresentation:
@@ -316,7 +316,7 @@ def table_rep(include_object: str = "Metadata") -> TableRepresentation:
     return rep
 
 
-def test_table_list_is_split_into_one_row_tables_without_columns() -> None:
+def test_table_list_is_split_into_one_row_tables_with_null_columns() -> None:
     rep = table_rep()
     items, rv = rep.list_items(table_list("90", table_row("a", "5"), table_row("b", "8")))
     assert rv == "90"
@@ -347,20 +347,35 @@ def test_table_first_line_gets_column_definitions_once() -> None:
     assert rep.first_line_fixup(error) == error
 
 
+def test_a_table_line_without_the_key_gets_the_columns_before_its_rows() -> None:
+    rep = table_rep()
+    rep.list_items(table_list("90", table_row("a", "5")))
+    line = b'{"type":"ADDED","object":{"kind":"Table","metadata":{},"rows":[]}}\n'
+    fixed = json.loads(rep.first_line_fixup(line))["object"]
+    assert list(fixed) == ["kind", "metadata", "columnDefinitions", "rows"]
+    assert fixed["columnDefinitions"] == COLUMNS
+
+
 def test_table_fixup_is_identity_until_columns_are_known_and_for_other_representations() -> None:
     line = b'{"type":"ADDED","object":{"kind":"Table"}}\n'
     assert table_rep().first_line_fixup(line) == line
     assert JsonRepresentation().first_line_fixup(line) == line
 
 
-def test_table_upstream_events_are_stored_without_known_columns() -> None:
+def test_table_upstream_events_are_stored_with_null_columns_in_the_apiservers_place() -> None:
     rep = table_rep()
     rep.list_items(table_list("90", table_row("a", "5")))
     upstream_first = table_event_object(table_row("a", "95"), COLUMNS)
     prepared = rep.prepare(upstream_first)
-    assert "columnDefinitions" not in prepared
-    assert "columnDefinitions" in upstream_first  # not mutated
-    assert b"columnDefinitions" not in rep.stream_line("MODIFIED", prepared)
+    assert prepared["columnDefinitions"] is None
+    assert list(prepared) == ["kind", "apiVersion", "metadata", "columnDefinitions", "rows"]
+    assert upstream_first["columnDefinitions"] == COLUMNS  # not mutated
+    line = rep.stream_line("MODIFIED", prepared)
+    assert b'"metadata":{"resourceVersion":"95"},"columnDefinitions":null,"rows":' in line
+    # The first line written to a client has the columns where the null was.
+    fixed = json.loads(rep.first_line_fixup(line))["object"]
+    assert list(fixed) == ["kind", "apiVersion", "metadata", "columnDefinitions", "rows"]
+    assert fixed["columnDefinitions"] == COLUMNS
 
 
 def test_table_changed_columns_are_announced_in_the_next_stored_line() -> None:
@@ -372,11 +387,12 @@ def test_table_changed_columns_are_announced_in_the_next_stored_line() -> None:
     ]
     prepared = rep.prepare(table_event_object(table_row("a", "95"), new_columns))
     line = rep.stream_line("MODIFIED", prepared)
-    assert json.loads(line)["object"]["columnDefinitions"] == new_columns
-    assert line.startswith(b'{"type":"MODIFIED","object":{"columnDefinitions":')
+    announced = json.loads(line)["object"]
+    assert announced["columnDefinitions"] == new_columns
+    assert list(announced) == ["kind", "apiVersion", "metadata", "columnDefinitions", "rows"]
     assert rep.first_line_fixup(line) == line
     later = rep.stream_line("MODIFIED", rep.prepare(table_event_object(table_row("a", "96"))))
-    assert b"columnDefinitions" not in later
+    assert json.loads(later)["object"]["columnDefinitions"] is None
     assert json.loads(rep.first_line_fixup(later))["object"]["columnDefinitions"] == new_columns
 
 

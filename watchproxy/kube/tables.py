@@ -8,9 +8,11 @@ in ``k8s.io/apiserver/pkg/endpoints/handlers/response.go``). kubectl's table pri
 columns of the last table that had them ("This is done when receiving tables in watch events to
 save bandwidth") and prints no cell beyond ``len(columnDefinitions)``, so a client whose first
 event lacks them prints nothing useful. A shared upstream stream carries the columns only in
-its first event, so :class:`TableRepresentation` stores events WITHOUT columns, remembers the
-columns (from the LIST and from upstream events) and adds them back to the first line written
-to each client with :meth:`Representation.first_line_fixup`. When the columns change mid-stream
+its first event, so :class:`TableRepresentation` stores events with ``columnDefinitions: null``
+(as the apiserver writes every later event: the Go field has no ``omitempty``), in the Table's
+key order (kind, apiVersion, metadata, columnDefinitions, rows), remembers the columns (from the
+LIST and from upstream events) and puts them in place of the null in the first line written to
+each client with :meth:`Representation.first_line_fixup`. When the columns change mid-stream
 (a CRD's printer columns, an apiserver upgrade) the next stored event carries the new columns,
 which kubectl handles as a new header.
 
@@ -120,6 +122,7 @@ class TableRepresentation(Representation):
             "kind": "Table",
             "apiVersion": self._table_api_version,
             "metadata": {"resourceVersion": rv_of(row_obj)},
+            "columnDefinitions": None,
             "rows": [row],
         }
 
@@ -151,9 +154,8 @@ class TableRepresentation(Representation):
         }
 
     def prepare(self, obj: Obj) -> Obj:
-        if "columnDefinitions" in obj:
-            self._learn_columns(obj["columnDefinitions"])
-            obj = {k: v for k, v in obj.items() if k != "columnDefinitions"}
+        self._learn_columns(obj.get("columnDefinitions"))
+        obj = with_columns(obj, None)
         rows = obj.get("rows")
         if isinstance(rows, list) and rows:
             self._learn_row_kind(rows[0])
@@ -197,7 +199,7 @@ class TableRepresentation(Representation):
     def stream_line(self, event_type: str, obj: Mapping[str, Any]) -> bytes:
         if self._announce and self._columns is not None:
             self._announce = False
-            return self.encode_event(event_type, {"columnDefinitions": self._columns, **obj})
+            return self.encode_event(event_type, with_columns(obj, self._columns))
         return self.encode_event(event_type, obj)
 
     def first_line_fixup(self, line: bytes) -> bytes:
@@ -208,7 +210,7 @@ class TableRepresentation(Representation):
         if at < 0:
             return line
         at += len(marker)
-        # A bookmark says "columnDefinitions":null, as the apiserver's do after the first
+        # Stored lines say "columnDefinitions":null, as the apiserver's do after the first
         # event: the first line of a stream has the columns in its place. The Table's own keys
         # come before its rows, and its metadata holds only list metadata, so a key found
         # before the rows is the Table's.
@@ -219,11 +221,30 @@ class TableRepresentation(Representation):
                 return line  # it has them (an announcing line, or fixed already)
             rest = line[key + len(_NULL_COLUMNS) :]
             return line[:key] + b'"columnDefinitions":' + self._columns_json + rest
+        if rows >= 0:  # a line without the key: before the rows, where the apiserver has it
+            return line[:rows] + b'"columnDefinitions":' + self._columns_json + b"," + line[rows:]
         sep = b"" if line.startswith(b"}", at) else b","
         return line[:at] + b'"columnDefinitions":' + self._columns_json + sep + line[at:]
 
 
 _NULL_COLUMNS = b'"columnDefinitions":null'
+
+
+def with_columns(obj: Mapping[str, Any], columns: list[Any] | None) -> Obj:
+    """A copy of the Table ``obj`` whose ``columnDefinitions`` is ``columns``, where the
+    apiserver puts the key: in its place, or else just before the rows."""
+    out: Obj = {}
+    for name, value in obj.items():
+        if name == "columnDefinitions":
+            continue
+        if name == "rows":
+            out["columnDefinitions"] = columns
+        out[name] = value
+    if "columnDefinitions" not in out:
+        out["columnDefinitions"] = columns
+    return out
+
+
 # The default table convertor's columns (k8s.io/apiserver pkg/registry/rest/table.go) and what
 # it prints for an empty object's creation time (Go's zero time, RFC 3339 in UTC).
 _DEFAULT_COLUMNS = (("Name", "string", "name"), ("Created At", "date", ""))
