@@ -19,15 +19,17 @@ a running 1.37.2, see tests/realapi/test_compression.py):
   member's end (an empty final block, the CRC-32 and the length).
 
 Why the sync flush matters (the stall it prevents). Go's ``compress/flate`` reader hands over
-decoded bytes only when its window fills, when an empty stored block (the sync marker) ends, or
-when the *final* block ends; in that last case it returns the bytes together with ``io.EOF``.
+decoded bytes only when its 32 KiB window fills, when an empty stored block (the sync marker)
+ends, or when the *final* block ends, and in that last case it returns the bytes together with
+``io.EOF`` (Go 1.26 ``compress/flate/inflate.go``: ``dataBlock``, ``finishBlock``).
 ``compress/gzip``'s ``Reader.Read``, on that ``io.EOF``, reads the member's trailer and then the
-*next member's header* before it returns those bytes to its caller. A member compressed in one
-go (zlib's ``Z_FINISH`` alone) is a single final block, so every event in it waits inside
-Go's reader until the next member's header arrives: the next change to the collection, or a
-periodic bookmark. client-go 0.35+ informers read watch-lists that way (WatchList on, gzip on,
-Go's transparent decompression), so on a quiet collection their initial-events-end bookmark
-stayed in the reader and the informer never synced. With the sync flush, the data is out at
+*next member's header* before it returns those bytes to its caller (``gunzip.go``). A member
+compressed in one go (zlib's ``Z_FINISH`` alone) has a small batch's data in a single final
+block, and a large one's last part, so those events wait inside Go's reader until the next
+member's header arrives: the next change to the collection, or a periodic bookmark.
+client-go 0.35+ informers read watch-lists that way (WatchList on, gzip on, Go's transparent
+decompression), so on a quiet collection their initial-events-end bookmark stayed in the
+reader and the informer never synced. With the sync flush, the data is out at
 the marker and the final block holds nothing: the reader's wait for the next header holds back
 no event. Readers that decode partial blocks (Python's zlib, curl) never showed the difference.
 The final block is the one place the bytes differ from Go's: zlib ends with an empty block of
