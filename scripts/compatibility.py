@@ -53,6 +53,11 @@ ROWS = (
         ("test_watchlist_fallback::",),
     ),
     Row(
+        "client-go v0.37.2 informer (WatchList, gzip)",
+        "quiet and busy collection: sync and each write as fast as direct (hub, pass-through)",
+        ("test_informer_timing::",),
+    ),
+    Row(
         "client-go v0.34 informer (JSON, protobuf), Watch",
         "every change once across an outage / a compaction",
         ("test_real_clients::test_every_client_gets_every_change_once",),
@@ -214,6 +219,11 @@ ROWS = (
         "HTTP",
         "no gzip for a client that does not ask (hub, pass-through)",
         ("test_compression::test_a_client_that_does_not_ask",),
+    ),
+    Row(
+        "HTTP",
+        "Table watch-list (default table convertor): bookmark and events as the apiserver's",
+        ("test_table_bookmarks::",),
     ),
     Row("HTTP", "identical LISTs batched", ("test_list_batch::",)),
     Row("HTTP", "impersonation / forwarded identity", ("test_impersonation::",)),

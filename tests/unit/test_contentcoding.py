@@ -7,6 +7,7 @@ checks the same table against it).
 from __future__ import annotations
 
 import gzip
+import struct
 import zlib
 from urllib.parse import parse_qsl
 
@@ -76,3 +77,31 @@ def test_a_member_is_one_complete_gzip_member_of_any_size(size: int) -> None:
     assert decoder.decompress(member) == data
     assert decoder.eof and decoder.unused_data == b""
     assert gzip.decompress(member + gzip_member(data)) == data + data  # members in a series
+
+
+SYNC_MARKER = b"\x00\x00\xff\xff"  # the empty stored block a sync flush ends with
+FINAL_EMPTY_BLOCK = b"\x03\x00"  # zlib's last block after a sync flush: fixed codes, no data
+
+
+@pytest.mark.parametrize("size", [0, 1, 200, 4096, 40_000, 200_000, 1 << 20])
+def test_a_member_hands_over_all_its_data_before_its_last_block(size: int) -> None:
+    """Go's gzip reader returns a member's last deflate block only after it has read the next
+    member's header: the data must all be out, behind a sync-flush marker, before that block,
+    as kube-apiserver 1.37 writes it (see watchproxy/kube/contentcoding.py)."""
+    data = (b'{"type":"ADDED","object":{"metadata":{"name":"x"}}}\n' * (size // 52 + 1))[:size]
+    member = gzip_member(data)
+    # header | blocks holding the data | 00 00 ff ff | an empty final block | CRC-32, size
+    assert member[-8:] == struct.pack("<II", zlib.crc32(data), len(data) & 0xFFFFFFFF)
+    assert member[:-8].endswith(SYNC_MARKER + FINAL_EMPTY_BLOCK)
+    up_to_sync = member[: -8 - len(FINAL_EMPTY_BLOCK)]
+    # A strict decoder given the member up to its sync marker has every byte of the data,
+    # and the member is not over yet: what follows the marker carries nothing.
+    decoder = zlib.decompressobj(wbits=31)
+    assert decoder.decompress(up_to_sync) == data
+    assert not decoder.eof
+    assert decoder.decompress(member[len(up_to_sync) :]) == b""
+    assert decoder.eof and decoder.unused_data == b""
+    # And the whole member, by itself, is one complete gzip member holding exactly the data.
+    whole = zlib.decompressobj(wbits=31)
+    assert whole.decompress(member) == data
+    assert whole.eof and whole.unused_data == b""

@@ -299,15 +299,15 @@ def table_list(rv: str, *rows: dict[str, Any], columns: list[Any] = COLUMNS) -> 
 
 
 def table_event_object(row: dict[str, Any], columns: list[Any] | None = None) -> dict[str, Any]:
-    obj: dict[str, Any] = {
+    """A watch event's Table as the apiserver writes it: the columns in the first event of a
+    stream, null in every later one."""
+    return {
         "kind": "Table",
         "apiVersion": "meta.k8s.io/v1",
         "metadata": {"resourceVersion": row["object"]["metadata"]["resourceVersion"]},
+        "columnDefinitions": columns,
+        "rows": [row],
     }
-    if columns is not None:
-        obj["columnDefinitions"] = columns
-    obj["rows"] = [row]
-    return obj
 
 
 def table_rep(include_object: str = "Metadata") -> TableRepresentation:
@@ -316,7 +316,7 @@ def table_rep(include_object: str = "Metadata") -> TableRepresentation:
     return rep
 
 
-def test_table_list_is_split_into_one_row_tables_without_columns() -> None:
+def test_table_list_is_split_into_one_row_tables_with_null_columns() -> None:
     rep = table_rep()
     items, rv = rep.list_items(table_list("90", table_row("a", "5"), table_row("b", "8")))
     assert rv == "90"
@@ -347,20 +347,35 @@ def test_table_first_line_gets_column_definitions_once() -> None:
     assert rep.first_line_fixup(error) == error
 
 
+def test_a_table_line_without_the_key_gets_the_columns_before_its_rows() -> None:
+    rep = table_rep()
+    rep.list_items(table_list("90", table_row("a", "5")))
+    line = b'{"type":"ADDED","object":{"kind":"Table","metadata":{},"rows":[]}}\n'
+    fixed = json.loads(rep.first_line_fixup(line))["object"]
+    assert list(fixed) == ["kind", "metadata", "columnDefinitions", "rows"]
+    assert fixed["columnDefinitions"] == COLUMNS
+
+
 def test_table_fixup_is_identity_until_columns_are_known_and_for_other_representations() -> None:
     line = b'{"type":"ADDED","object":{"kind":"Table"}}\n'
     assert table_rep().first_line_fixup(line) == line
     assert JsonRepresentation().first_line_fixup(line) == line
 
 
-def test_table_upstream_events_are_stored_without_known_columns() -> None:
+def test_table_upstream_events_are_stored_with_null_columns_in_the_apiservers_place() -> None:
     rep = table_rep()
     rep.list_items(table_list("90", table_row("a", "5")))
     upstream_first = table_event_object(table_row("a", "95"), COLUMNS)
     prepared = rep.prepare(upstream_first)
-    assert "columnDefinitions" not in prepared
-    assert "columnDefinitions" in upstream_first  # not mutated
-    assert b"columnDefinitions" not in rep.stream_line("MODIFIED", prepared)
+    assert prepared["columnDefinitions"] is None
+    assert list(prepared) == ["kind", "apiVersion", "metadata", "columnDefinitions", "rows"]
+    assert upstream_first["columnDefinitions"] == COLUMNS  # not mutated
+    line = rep.stream_line("MODIFIED", prepared)
+    assert b'"metadata":{"resourceVersion":"95"},"columnDefinitions":null,"rows":' in line
+    # The first line written to a client has the columns where the null was.
+    fixed = json.loads(rep.first_line_fixup(line))["object"]
+    assert list(fixed) == ["kind", "apiVersion", "metadata", "columnDefinitions", "rows"]
+    assert fixed["columnDefinitions"] == COLUMNS
 
 
 def test_table_changed_columns_are_announced_in_the_next_stored_line() -> None:
@@ -372,11 +387,12 @@ def test_table_changed_columns_are_announced_in_the_next_stored_line() -> None:
     ]
     prepared = rep.prepare(table_event_object(table_row("a", "95"), new_columns))
     line = rep.stream_line("MODIFIED", prepared)
-    assert json.loads(line)["object"]["columnDefinitions"] == new_columns
-    assert line.startswith(b'{"type":"MODIFIED","object":{"columnDefinitions":')
+    announced = json.loads(line)["object"]
+    assert announced["columnDefinitions"] == new_columns
+    assert list(announced) == ["kind", "apiVersion", "metadata", "columnDefinitions", "rows"]
     assert rep.first_line_fixup(line) == line
     later = rep.stream_line("MODIFIED", rep.prepare(table_event_object(table_row("a", "96"))))
-    assert b"columnDefinitions" not in later
+    assert json.loads(later)["object"]["columnDefinitions"] is None
     assert json.loads(rep.first_line_fixup(later))["object"]["columnDefinitions"] == new_columns
 
 
@@ -395,6 +411,64 @@ def test_table_with_rv_and_bookmark() -> None:
     assert row_obj["kind"] == "PartialObjectMetadata"
     assert row_obj["metadata"]["annotations"] == {INITIAL_EVENTS_END_ANNOTATION: "true"}
     assert rep.object_rv(bookmark) == "120"
+
+
+# The default table convertor's columns, as kube-apiserver 1.37 sends them for roles.
+DEFAULT_CONVERTOR_COLUMNS = [
+    {
+        "name": "Name",
+        "type": "string",
+        "format": "name",
+        "description": "Name must be unique.",
+        "priority": 0,
+    },
+    {
+        "name": "Created At",
+        "type": "date",
+        "format": "",
+        "description": "CreationTimestamp.",
+        "priority": 0,
+    },
+]
+
+
+def test_a_table_bookmark_has_null_columns_and_the_default_convertors_empty_row() -> None:
+    """The apiserver runs the table convertor on the bookmark's empty object: the default
+    convertor prints an empty name and Go's zero time; no headers after the first event."""
+    rep = table_rep()
+    rep.list_items(table_list("90", table_row("a", "5"), columns=DEFAULT_CONVERTOR_COLUMNS))
+    bookmark = rep.bookmark_object("120", initial_events_end=True)
+    assert list(bookmark) == ["kind", "apiVersion", "metadata", "columnDefinitions", "rows"]
+    assert bookmark["columnDefinitions"] is None
+    assert bookmark["rows"][0]["cells"] == ["", "0001-01-01T00:00:00Z"]
+
+
+def test_a_table_bookmark_takes_the_cells_of_the_apiservers_own_bookmarks() -> None:
+    """A kind with its own printer (secrets: name, type, data, age) prints what only the
+    server knows for an empty object: none until an upstream bookmark shows them."""
+    rep = table_rep()
+    rep.list_items(table_list("90", table_row("a", "5")))
+    assert rep.bookmark_object("120")["rows"][0]["cells"] == []
+    upstream = rep.bookmark_object("130")
+    upstream["rows"] = [{**upstream["rows"][0], "cells": ["", "", 0, "<unknown>"]}]
+    rep.learn_bookmark(upstream)
+    assert rep.bookmark_object("140")["rows"][0]["cells"] == ["", "", 0, "<unknown>"]
+    # Learned cells win over the default convertor's guess.
+    rep.list_items(table_list("150", table_row("a", "5"), columns=DEFAULT_CONVERTOR_COLUMNS))
+    assert rep.bookmark_object("160")["rows"][0]["cells"] == ["", "", 0, "<unknown>"]
+
+
+def test_a_bookmark_as_a_streams_first_line_gets_the_columns_in_place_of_null() -> None:
+    rep = table_rep()
+    rep.list_items(table_list("90", table_row("a", "5")))
+    line = rep.encode_event("BOOKMARK", rep.bookmark_object("120", initial_events_end=True))
+    assert b'"columnDefinitions":null' in line
+    fixed = rep.first_line_fixup(line)
+    assert fixed.count(b"columnDefinitions") == 1
+    obj = json.loads(fixed)["object"]
+    assert list(obj) == ["kind", "apiVersion", "metadata", "columnDefinitions", "rows"]
+    assert obj["columnDefinitions"] == COLUMNS
+    assert rep.first_line_fixup(fixed) == fixed
 
 
 def test_table_include_object_learns_the_watched_kind_for_bookmarks() -> None:

@@ -232,6 +232,7 @@ class Fetcher:
         try:
             kind, obj = self.representation.decode_event(line)
             if kind == "BOOKMARK":
+                self.representation.learn_bookmark(obj)
                 return Bookmark(str((obj.get("metadata") or {})["resourceVersion"]))
             if kind == "ERROR":
                 if obj.get("code") == 410:

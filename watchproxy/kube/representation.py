@@ -128,6 +128,10 @@ class Representation:
         """Seed the watched kind (used by BOOKMARK objects) before any list or event."""
         self._api_version, self._kind = api_version, kind
 
+    def learn_bookmark(self, obj: Mapping[str, Any]) -> None:
+        """An upstream BOOKMARK's object: what the apiserver's bookmarks look like in this
+        representation (only Tables learn from it: their bookmark row's cells)."""
+
     def list_items(self, list_body: Mapping[str, Any]) -> tuple[list[Obj], str]:
         """One LIST page → (watch-event objects, the list's metadata.resourceVersion)."""
         raise NotImplementedError

@@ -8,11 +8,30 @@ in ``k8s.io/apiserver/pkg/endpoints/handlers/response.go``). kubectl's table pri
 columns of the last table that had them ("This is done when receiving tables in watch events to
 save bandwidth") and prints no cell beyond ``len(columnDefinitions)``, so a client whose first
 event lacks them prints nothing useful. A shared upstream stream carries the columns only in
-its first event, so :class:`TableRepresentation` stores events WITHOUT columns, remembers the
-columns (from the LIST and from upstream events) and adds them back to the first line written
-to each client with :meth:`Representation.first_line_fixup`. When the columns change mid-stream
+its first event, so :class:`TableRepresentation` stores events with ``columnDefinitions: null``
+(as the apiserver writes every later event: the Go field has no ``omitempty``), in the Table's
+key order (kind, apiVersion, metadata, columnDefinitions, rows), remembers the columns (from the
+LIST and from upstream events) and puts them in place of the null in the first line written to
+each client with :meth:`Representation.first_line_fixup`. When the columns change mid-stream
 (a CRD's printer columns, an apiserver upgrade) the next stored event carries the new columns,
 which kubectl handles as a new header.
+
+Bookmarks. The apiserver converts a bookmark's object to a Table like any other (``asTable``
+runs the resource's table convertor on it): one row whose object carries the RV (and the
+initial-events-end annotation), whose cells are what the convertor prints for an *empty* object
+of the kind, and ``columnDefinitions: null`` (no headers after the first event; the Go field has
+no ``omitempty``). The cells depend on the convertor:
+
+- the default table convertor (``rest.NewDefaultTableConvertor``: roles, clusterroles,
+  limitranges, csistoragecapacities, and any aggregated API that uses it) prints the name and
+  the creation time in RFC 3339, UTC: ``["", "0001-01-01T00:00:00Z"]`` for an empty object. It
+  is recognised by its two columns (``Name``, ``Created At``) and computed;
+- kinds with their own printers (pods, secrets, configmaps, ...; secrets' empty row is
+  ``["", "", 0, "<unknown>"]``) and custom resources print what only the server knows. These
+  are learned from the apiserver's own bookmarks on the shared upstream watch (periodic, about
+  once a minute: :meth:`TableRepresentation.learn_bookmark`); until the first one arrives the
+  hub's bookmarks carry no cells (``cells: []``). kubectl prints no bookmark, and clients that
+  ask for Table bookmarks read the row's object, not its cells.
 """
 
 from __future__ import annotations
@@ -54,6 +73,8 @@ class TableRepresentation(Representation):
         self._columns: list[Any] | None = None
         self._columns_json = b""
         self._announce = False
+        # The cells of a bookmark's row as the apiserver printed them (learn_bookmark).
+        self._bookmark_cells: list[Any] | None = None
 
     @property
     def query_params(self) -> Mapping[str, str]:
@@ -101,6 +122,7 @@ class TableRepresentation(Representation):
             "kind": "Table",
             "apiVersion": self._table_api_version,
             "metadata": {"resourceVersion": rv_of(row_obj)},
+            "columnDefinitions": None,
             "rows": [row],
         }
 
@@ -132,18 +154,31 @@ class TableRepresentation(Representation):
         }
 
     def prepare(self, obj: Obj) -> Obj:
-        if "columnDefinitions" in obj:
-            self._learn_columns(obj["columnDefinitions"])
-            obj = {k: v for k, v in obj.items() if k != "columnDefinitions"}
+        self._learn_columns(obj.get("columnDefinitions"))
+        obj = with_columns(obj, None)
         rows = obj.get("rows")
         if isinstance(rows, list) and rows:
             self._learn_row_kind(rows[0])
         return obj
 
+    def learn_bookmark(self, obj: Mapping[str, Any]) -> None:
+        rows = obj.get("rows")
+        if isinstance(rows, list) and rows and isinstance(rows[0], Mapping):
+            cells = rows[0].get("cells")
+            if isinstance(cells, list):
+                self._bookmark_cells = cells
+
+    def bookmark_cells(self) -> list[Any]:
+        """The cells the apiserver gives a bookmark's row: learned from its own bookmarks,
+        else those of the default table convertor when its columns are the default's, else
+        none (see the module's docstring)."""
+        if self._bookmark_cells is not None:
+            return self._bookmark_cells
+        if self._columns is not None and default_convertor_columns(self._columns):
+            return ["", ZERO_TIME]
+        return []
+
     def bookmark_object(self, rv: str, *, initial_events_end: bool = False) -> Obj:
-        # The apiserver converts the bookmark's empty object to a Table too: one row whose
-        # object carries the RV (and the initial-events-end annotation). Its cells depend on
-        # the server's printer for an empty object, which we cannot know: we send none.
         meta = bookmark_metadata(rv, initial_events_end)
         if self.include_object == "Object":
             row_obj = typed({"metadata": meta}, self._api_version, self._kind)
@@ -157,13 +192,14 @@ class TableRepresentation(Representation):
             "kind": "Table",
             "apiVersion": self._table_api_version,
             "metadata": {"resourceVersion": rv},
-            "rows": [{"cells": [], "object": row_obj}],
+            "columnDefinitions": None,
+            "rows": [{"cells": self.bookmark_cells(), "object": row_obj}],
         }
 
     def stream_line(self, event_type: str, obj: Mapping[str, Any]) -> bytes:
         if self._announce and self._columns is not None:
             self._announce = False
-            return self.encode_event(event_type, {"columnDefinitions": self._columns, **obj})
+            return self.encode_event(event_type, with_columns(obj, self._columns))
         return self.encode_event(event_type, obj)
 
     def first_line_fixup(self, line: bytes) -> bytes:
@@ -174,7 +210,58 @@ class TableRepresentation(Representation):
         if at < 0:
             return line
         at += len(marker)
-        if line.startswith(b'"columnDefinitions":', at):
-            return line
+        # Stored lines say "columnDefinitions":null, as the apiserver's do after the first
+        # event: the first line of a stream has the columns in its place. The Table's own keys
+        # come before its rows, and its metadata holds only list metadata, so a key found
+        # before the rows is the Table's.
+        rows = line.find(b'"rows":', at)
+        key = line.find(b'"columnDefinitions":', at, rows if rows >= 0 else len(line))
+        if key >= 0:
+            if not line.startswith(_NULL_COLUMNS, key):
+                return line  # it has them (an announcing line, or fixed already)
+            rest = line[key + len(_NULL_COLUMNS) :]
+            return line[:key] + b'"columnDefinitions":' + self._columns_json + rest
+        if rows >= 0:  # a line without the key: before the rows, where the apiserver has it
+            return line[:rows] + b'"columnDefinitions":' + self._columns_json + b"," + line[rows:]
         sep = b"" if line.startswith(b"}", at) else b","
         return line[:at] + b'"columnDefinitions":' + self._columns_json + sep + line[at:]
+
+
+_NULL_COLUMNS = b'"columnDefinitions":null'
+
+
+def with_columns(obj: Mapping[str, Any], columns: list[Any] | None) -> Obj:
+    """A copy of the Table ``obj`` whose ``columnDefinitions`` is ``columns``, where the
+    apiserver puts the key: in its place, or else just before the rows."""
+    out: Obj = {}
+    for name, value in obj.items():
+        if name == "columnDefinitions":
+            continue
+        if name == "rows":
+            out["columnDefinitions"] = columns
+        out[name] = value
+    if "columnDefinitions" not in out:
+        out["columnDefinitions"] = columns
+    return out
+
+
+# The default table convertor's columns (k8s.io/apiserver pkg/registry/rest/table.go) and what
+# it prints for an empty object's creation time (Go's zero time, RFC 3339 in UTC).
+_DEFAULT_COLUMNS = (("Name", "string", "name"), ("Created At", "date", ""))
+ZERO_TIME = "0001-01-01T00:00:00Z"
+
+
+def default_convertor_columns(columns: list[Any]) -> bool:
+    """Whether ``columns`` are the default table convertor's (name, created at)."""
+    if len(columns) != len(_DEFAULT_COLUMNS):
+        return False
+    for column, (name, kind, fmt) in zip(columns, _DEFAULT_COLUMNS, strict=True):
+        if not isinstance(column, Mapping):
+            return False
+        if (column.get("name"), column.get("type"), column.get("format") or "") != (
+            name,
+            kind,
+            fmt,
+        ):
+            return False
+    return True
