@@ -152,6 +152,12 @@ ROWS = (
         "no gzip for a client that does not ask (hub, pass-through)",
         ("test_compression::test_a_client_that_does_not_ask",),
     ),
+    Row(
+        "every client above, its default configuration",
+        "each event through watchproxy <= 100 ms (p99) after direct, quiet and busy;"
+        " watch-list sync <= 1 s",
+        ("test_delivery_parity::",),
+    ),
     Row("HTTP", "identical LISTs batched", ("test_list_batch::",)),
     Row("HTTP", "impersonation / forwarded identity", ("test_impersonation::",)),
 )
