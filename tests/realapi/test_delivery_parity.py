@@ -26,9 +26,13 @@ the clients started: the initial state, then each change once and in order, dire
 watchproxy alike; through watchproxy, each event arrives no later than ``PARITY_P99`` (p99)
 after the same client got it direct, on the quiet and on the busy collection; a watch-list on
 the quiet collection ends its initial events (the ``k8s.io/initial-events-end`` bookmark, or
-the informer's sync where there is no tap) within ``SYNC_WITHIN`` of the watch's start, direct
-and through watchproxy. The table (client x quiet/busy x direct/watchproxy, p50/p99 latency from
-the write, and the extra delay through watchproxy) is printed and written to ``TABLE_FILE``.
+the informer's sync where there is no tap) within ``SYNC_WITHIN`` of the program's start
+(before the watch's start, and unlike the watch's answer, not something a proxy that holds the
+answer back can move), direct and through watchproxy. The table (client x quiet/busy x
+direct/watchproxy, p50/p99 latency from the write, and the extra delay through watchproxy) is
+printed and written to ``TABLE_FILE``, each event's times beside it (``.json``), with
+watchproxy's CPU during the busy writes and its hub metrics (freshness probes, watches passed
+through).
 """
 
 from __future__ import annotations
@@ -547,11 +551,33 @@ def free_port() -> int:
         return port
 
 
+@dataclass(frozen=True)
+class Watchproxy:
+    url: str
+    admin_url: str
+    pid: int
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time the process has used so far (Linux /proc)."""
+        with open(f"/proc/{self.pid}/stat", encoding="ascii") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    async def metrics(self, *names: str) -> list[str]:
+        """The samples of these metrics, as /metrics shows them."""
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"{self.admin_url}/metrics") as answer,
+        ):
+            text = await answer.text()
+        return [line for line in text.splitlines() if line.startswith(names)]
+
+
 @contextlib.asynccontextmanager
-async def watchproxy_process(upstream_kubeconfig: str, log_path: Path) -> AsyncIterator[str]:
+async def watchproxy_process(upstream_kubeconfig: str, log_path: Path) -> AsyncIterator[Watchproxy]:
     """``watchproxy run`` (the CLI as shipped, uvloop and all) with its default configuration
-    in front of ``upstream_kubeconfig``; yields its URL once /readyz says ready. A process of
-    its own: the clients' reading and the writes in this process do not delay it."""
+    in front of ``upstream_kubeconfig``; yields it once /readyz says ready. A process of its
+    own: the clients' reading and the writes in this process do not delay it."""
     port, admin = free_port(), free_port()
     with open(log_path, "wb") as log:
         process = await asyncio.create_subprocess_exec(
@@ -573,7 +599,7 @@ async def watchproxy_process(upstream_kubeconfig: str, log_path: Path) -> AsyncI
                 if process.returncode is not None or time.monotonic() > deadline:
                     raise AssertionError(f"watchproxy did not become ready: {tail(log_path)}")
                 await asyncio.sleep(0.1)  # a process starting: nothing to await
-        yield f"http://127.0.0.1:{port}"
+        yield Watchproxy(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin}", process.pid)
     finally:
         if process.returncode is None:
             process.send_signal(signal.SIGTERM)
@@ -678,23 +704,17 @@ def phase_rows(
 
 
 def sync_times(pair: Pair) -> dict[str, float | None]:
-    """Seconds from each side's watch start to the end of its initial events: the end bookmark
-    on the wire where the program taps it (from its watch request's answer), else the informer's
-    sync (from the program's start). None: not within the run."""
+    """Seconds from each side's program start to the end of its initial events: the end
+    bookmark as it came off the wire where the program taps it, else the informer's sync.
+    From the start, not from the watch's answer: a proxy may hold the answer's headers back
+    while it makes up its mind. None: not within the run."""
     out: dict[str, float | None] = {}
     for side, process in pair.sides.items():
-        lines = process.lines
         if pair.client.family == "go-wire":
-            starts = [
-                int(line[READ_AT])
-                for line in lines
-                if line["type"] == "REQUEST" and "sendInitialEvents=true" in line.get("query", "")
-            ]
-            ends = [int(line["at"]) for line in lines if line.get("initialEventsEnd")]
-            out[side] = (ends[0] - starts[0]) / 1e9 if starts and ends else None
+            ends = [int(line["at"]) for line in process.lines if line.get("initialEventsEnd")]
         else:
-            ready = [int(line[READ_AT]) for line in lines if line["type"] == "READY"]
-            out[side] = (ready[0] - process.started_at) / 1e9 if ready else None
+            ends = [int(line[READ_AT]) for line in process.lines if line["type"] == "READY"]
+        out[side] = (ends[0] - process.started_at) / 1e9 if ends else None
     return out
 
 
@@ -723,6 +743,7 @@ def render(
     lags: dict[str, list[float]],
     busy_rate: float,
     version: str,
+    notes: Sequence[str],
 ) -> str:
     def seconds(value: float | None) -> str:
         return "never" if value is None else f"{value:.3f}"
@@ -749,8 +770,9 @@ def render(
         )
     lines += [
         "",
-        "Watch-lists on the quiet collection, seconds to the end of the initial events"
-        " (end bookmark from the watch's answer where tapped, else informer sync from start):",
+        "Watch-lists on the quiet collection, seconds from the program's start to the end of"
+        " its initial events (the end bookmark off the wire where tapped, else the informer's"
+        " sync):",
         "",
         "| client | direct | watchproxy |",
         "|---|---|---|",
@@ -766,6 +788,7 @@ def render(
     ]
     for label, lag in lags.items():
         lines.append(f"| {label} | {len(lag)} | {ms(lag, 50)} | {ms(lag, 99)} | {ms(lag, 100)} |")
+    lines += ["", *notes]
     return "\n".join(lines) + "\n"
 
 
@@ -785,10 +808,10 @@ async def test_each_event_reaches_every_client_through_watchproxy_as_soon_as_dir
     late: list[str] = []
     async with (
         record.recording() as recorded_up_to,
-        watchproxy_process(real_apiserver.kubeconfig, tmp_path / "watchproxy.log") as url,
+        watchproxy_process(real_apiserver.kubeconfig, tmp_path / "watchproxy.log") as proxy,
     ):
         proxied = tmp_path / "watchproxy.kubeconfig"
-        proxied.write_text(render_kubeconfig(url, namespace=namespace), encoding="utf-8")
+        proxied.write_text(render_kubeconfig(proxy.url, namespace=namespace), encoding="utf-8")
         kubeconfigs = {"direct": real_apiserver.kubeconfig, "watchproxy": str(proxied)}
         try:
             for index in range(INITIAL_PODS):
@@ -827,8 +850,14 @@ async def test_each_event_reaches_every_client_through_watchproxy_as_soon_as_dir
             await quiet_writes(writes)
             quiet_end = writes.last_rv
             await catch_up(pairs, writes, log, recorded_up_to, quiet_rv, late)
+            cpu_before, busy_started = proxy.cpu_seconds(), time.monotonic()
             busy_rate = await busy_writes(writes)
+            busy_cpu = (proxy.cpu_seconds() - cpu_before) / (time.monotonic() - busy_started)
+            load = os.getloadavg()[0]
             await catch_up(pairs, writes, log, recorded_up_to, quiet_rv, late)
+            hub = await proxy.metrics(
+                "watchproxy_freshness_probes_total", "watchproxy_watch_passthrough_total"
+            )
         finally:
             await asyncio.gather(
                 *(p.stop() for pair in pairs for p in pair.sides.values()),
@@ -857,7 +886,12 @@ async def test_each_event_reaches_every_client_through_watchproxy_as_soon_as_dir
         if pair.client.watch_list:
             syncs[pair.client.label] = sync_times(pair)
     lags = pipe_lag(pairs)
-    table = render(rows, syncs, lags, busy_rate, real_apiserver.version)
+    notes = [
+        f"watchproxy used {busy_cpu:.0%} of a core during the busy writes; the machine's load"
+        f" average then: {load:.1f} (2 cores, shared).",
+        f"watchproxy's metrics at the end: {'; '.join(hub) or 'none'}",
+    ]
+    table = render(rows, syncs, lags, busy_rate, real_apiserver.version, notes)
     TABLE_FILE.parent.mkdir(exist_ok=True)
     TABLE_FILE.write_text(table, encoding="utf-8")
     timelines = {f"{row.label}, {row.phase}": row.timeline for row in rows}
