@@ -918,10 +918,18 @@ async def test_each_event_reaches_every_client_through_watchproxy_as_soon_as_dir
         if any(row.missing.values()):
             failures.append(f"{row.label}, {row.phase}: events missing {row.missing}")
         if row.extra and percentile(row.extra, 99) > PARITY_P99 * 1e3:
+            # Whether the machine starved the proxy (a shared 2-core machine can): said, not
+            # excused.
+            starved = (
+                f"; watchproxy's loop waited {busy_waited * 1e3:.0f} ms for a CPU in the busy"
+                f" writes, load average {load:.1f}"
+                if row.phase == "busy"
+                else ""
+            )
             failures.append(
                 f"{row.label}, {row.phase}: through watchproxy p99 {ms(row.extra, 99)} ms later"
-                f" than direct (max {ms(row.extra, 100)} ms; per event:"
-                f" {[round(x) for x in row.extra[:12]]})"
+                f" than direct (max {ms(row.extra, 100)} ms; first events:"
+                f" {[round(x) for x in row.extra[:8]]}{starved})"
             )
     for label, sync in syncs.items():
         for side, seconds in sync.items():
