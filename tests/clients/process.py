@@ -183,6 +183,11 @@ class ClientProcess:
         self._note(line)
         self._changed.set()
 
+    @property
+    def ended(self) -> bool:
+        """Its output has ended: the process exited (or closed its stdout)."""
+        return self._eof
+
     def _note(self, line: Line) -> None:
         if line.get("type") in ERROR_TYPES:
             self.errors_in_a_row += 1

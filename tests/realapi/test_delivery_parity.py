@@ -875,6 +875,9 @@ async def test_each_event_reaches_every_client_through_watchproxy_as_soon_as_dir
                 "watchproxy_event_loop_lag_seconds_count",
             )
         finally:
+            # Which clients ended by themselves (kubectl get -w ends with its watch; a slow
+            # watcher's watch can be ended by the apiserver), before they are stopped.
+            ended = {p.name for pair in pairs for p in pair.sides.values() if p.ended}
             await asyncio.gather(
                 *(p.stop() for pair in pairs for p in pair.sides.values()),
                 return_exceptions=True,
@@ -896,6 +899,10 @@ async def test_each_event_reaches_every_client_through_watchproxy_as_soon_as_dir
         }
         for side, process in pair.sides.items():
             problems = content_problems(family, views[side], log, quiet_rv)
+            if process.name in ended:
+                problems.append(
+                    f"it ended by itself before the test's end (exit {process.returncode})"
+                )
             if problems:
                 failures.append(process.report(problems))
         rows += phase_rows(pair, views, phases, writes)
