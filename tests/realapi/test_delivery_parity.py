@@ -50,6 +50,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import aiohttp
@@ -415,6 +416,67 @@ def kubectl_row(raw: bytes) -> Line | None:
     if len(cells) < 2 or cells[0] == "EVENT":
         return None
     return {"type": cells[0], "name": cells[1]}
+
+
+# --- the record ------------------------------------------------------------------------------
+
+
+class ResumingRecord(ApiRecord):
+    """``ApiRecord`` (the apiserver's record of the namespace's pod changes, from a direct
+    watch) whose watch resumes from the last resourceVersion it saw when the apiserver ends it:
+    under load the apiserver ends a watcher that falls behind, and this process reads many
+    clients at once (seen: the record's watch ended in the busy writes on a machine at load
+    10). Any ERROR event (a 410) fails it."""
+
+    @contextlib.asynccontextmanager
+    async def recording(self) -> AsyncIterator[Callable[[int], Any]]:
+        events: list[dict[str, Any]] = []
+        changed = asyncio.Event()
+
+        async def follow() -> None:
+            since = str(self.resource_version)
+            while True:
+                path = f"/api/v1/namespaces/{self.namespace}/pods?watch=1&resourceVersion={since}"
+                async with self.api.watch(path) as stream:
+                    taken = 0
+                    while not (stream.ended and taken == len(stream.events)):
+                        with contextlib.suppress(AssertionError):  # it ended: take the rest
+                            await stream.wait_for(lambda evs, n=taken: len(evs) > n, timeout=3600)
+                        for event in stream.events[taken:]:
+                            if event["type"] not in ("ADDED", "MODIFIED", "DELETED"):
+                                raise AssertionError(f"the record's watch: {event}")
+                            events.append(event)
+                            since = event["object"]["metadata"]["resourceVersion"]
+                        taken = len(stream.events)
+                        changed.set()
+                    if stream.status != 200:
+                        raise AssertionError(f"the record's watch: {stream.status} {stream.body!r}")
+
+        fed = 0
+
+        async def until(rv: int) -> None:
+            nonlocal fed
+            async with asyncio.timeout(30):
+                while max((rv_of(e["object"]["metadata"]) for e in events), default=0) < rv:
+                    if follower.done():
+                        follower.result()  # its failure, or:
+                        raise AssertionError("the record's watch ended")
+                    changed.clear()
+                    await changed.wait()
+            for event in events[fed:]:
+                obj = event["object"]
+                change = SimpleNamespace(type=event["type"], obj=obj, rv=rv_of(obj["metadata"]))
+                for listener in self._listeners:
+                    listener(change)
+            fed = len(events)
+
+        follower = asyncio.get_running_loop().create_task(follow(), name="record")
+        try:
+            yield until
+        finally:
+            follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await follower
 
 
 # --- the writes ------------------------------------------------------------------------------
@@ -811,7 +873,7 @@ async def test_each_event_reaches_every_client_through_watchproxy_as_soon_as_dir
         client.argv(programs, namespace)  # build or find every program before anything runs
     pods = f"/api/v1/namespaces/{namespace}/pods"
     start_rv = int((await direct.ok("GET", pods))["metadata"]["resourceVersion"])
-    record = ApiRecord(direct, namespace, start_rv)
+    record = ResumingRecord(direct, namespace, start_rv)
     log = ChangeLog(record, namespace)
     writes = Writes(direct, namespace)
     pairs: list[Pair] = []
