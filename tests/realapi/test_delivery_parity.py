@@ -216,12 +216,18 @@ CLIENTS: tuple[Client, ...] = (
         "kubectl",
         lambda p, ns: [p.kubectl(), "get", "pods", "-n", ns, "-w", "--output-watch-events"],
     ),
-    # JVM clients (tests/clients/java) print tests/clients/go's watchclient line format: add
-    # each here with family "go", a Programs method that builds it (skipping the test when its
-    # toolchain is missing, as ``built`` does), and its default configuration, e.g.
-    #   Client("fabric8 informer", "fabric8", "go", lambda p, ns: [*p.fabric8(), ...]),
-    #   Client("fabric8 informer, HTTP watches", "fabric8-http", "go", ...),
-    #   Client("client-java informer", "client-java", "go", ...),
+    # JVM clients (tests/clients/java, built by tests.clients.build_java; merged in main after
+    # this file was written): fabric8 default (WebSocket watches), fabric8 --http-only and
+    # client-java. To add them: they print watchclient's line format but watch CONFIGMAPS
+    # (this test writes and records pods: give Writes and ResumingRecord a resource, and run
+    # the JVM rows on configmaps), their ADDED lines carry no "initial" flag (the adds before
+    # READY are the list: a "jvm" family in view_of, as "node"), their handler queues keep the
+    # order per object only (check them with tests.clients.expect's per-object check, not
+    # content_problems' total order), and a JVM starts in seconds (START_WAIT covers it). E.g.
+    #   Client("fabric8 informer", "fabric8", "jvm",
+    #          lambda p, ns: [p.java(), "-jar", p.fabric8_jar(), "--namespace", ns]),
+    #   Client("fabric8 informer, HTTP watches", "fabric8-http", "jvm", ... "--http-only"),
+    #   Client("client-java informer", "client-java", "jvm", ...),
 )
 
 
