@@ -7,11 +7,7 @@ someone remembers:
 
     KUBETESTENV_VERSION=1.37 .venv/bin/pytest -n 3 -m realapi tests/realapi --junitxml=/tmp/r137.xml
     KUBETESTENV_VERSION=1.34 .venv/bin/pytest -n 3 -m realapi tests/realapi --junitxml=/tmp/r134.xml
-    .venv/bin/python scripts/compatibility.py 1.37=/tmp/r137.xml 1.34=/tmp/r134.xml \
-        --delivery build/delivery-parity.md
-
-``--delivery`` adds the delivery-time table that tests/realapi/test_delivery_parity.py wrote on
-its last run (each client direct and through watchproxy side by side).
+    .venv/bin/python scripts/compatibility.py 1.37=/tmp/r137.xml 1.34=/tmp/r134.xml
 
 A cell is ``pass`` when every test of its row passed on that version, ``FAIL`` when one failed,
 ``skipped`` when all were skipped (with the first reason), ``-`` when none ran.
@@ -95,6 +91,12 @@ ROWS = (
     ),
     Row("HTTP", "request parity table (statuses as the apiserver's)", ("test_parity::",)),
     Row(
+        "every client above, its default configuration",
+        "each event through watchproxy <= 100 ms (p99) after direct, quiet and busy;"
+        " watch-list sync <= 1 s",
+        ("test_delivery_parity::",),
+    ),
+    Row(
         "HTTP",
         "watch, resume, bookmarks, sendInitialEvents as direct",
         (
@@ -156,12 +158,6 @@ ROWS = (
         "no gzip for a client that does not ask (hub, pass-through)",
         ("test_compression::test_a_client_that_does_not_ask",),
     ),
-    Row(
-        "every client above, its default configuration",
-        "each event through watchproxy <= 100 ms (p99) after direct, quiet and busy;"
-        " watch-list sync <= 1 s",
-        ("test_delivery_parity::",),
-    ),
     Row("HTTP", "identical LISTs batched", ("test_list_batch::",)),
     Row("HTTP", "impersonation / forwarded identity", ("test_impersonation::",)),
 )
@@ -211,9 +207,7 @@ def cell(row: Row, run: dict[str, str | tuple[str, str]]) -> str:
     return "-"
 
 
-def render(
-    runs: dict[str, dict[str, str | tuple[str, str]]], when: str, delivery: str | None = None
-) -> str:
+def render(runs: dict[str, dict[str, str | tuple[str, str]]], when: str) -> str:
     versions = list(runs)
     lines = [
         "# Compatibility",
@@ -237,8 +231,6 @@ def render(
         skipped = len(run) - passed - failed
         totals.append(f"{version}: {passed} passed, {failed} failed, {skipped} skipped")
     lines += ["", "Whole tier: " + "; ".join(totals) + ".", ""]
-    if delivery is not None:
-        lines += ["## Delivery time", "", delivery.rstrip("\n"), ""]
     return "\n".join(lines)
 
 
@@ -247,16 +239,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("runs", nargs="+", help="VERSION=junit.xml, newest first")
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--date", default=datetime.date.today().isoformat())
-    parser.add_argument(
-        "--delivery", type=Path, help="the table test_delivery_parity.py wrote (build/...md)"
-    )
     args = parser.parse_args(argv)
     runs = {}
     for spec in args.runs:
         version, _, path = spec.partition("=")
         runs[version] = results(Path(path))
-    delivery = args.delivery.read_text(encoding="utf-8") if args.delivery else None
-    args.out.write_text(render(runs, args.date, delivery), encoding="utf-8")
+    args.out.write_text(render(runs, args.date), encoding="utf-8")
     print(f"wrote {args.out}")
     return 0
 
