@@ -153,6 +153,12 @@ ROWS = (
     ),
     Row("HTTP", "request parity table (statuses as the apiserver's)", ("test_parity::",)),
     Row(
+        "every client above, its default configuration",
+        "each event through watchproxy <= 100 ms (p99) after direct, quiet and busy;"
+        " watch-list sync <= 1 s",
+        ("test_delivery_parity::",),
+    ),
+    Row(
         "HTTP",
         "watch, resume, bookmarks, sendInitialEvents as direct",
         (

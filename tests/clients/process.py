@@ -15,6 +15,8 @@ import contextlib
 import json
 import os
 import signal
+import threading
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -38,6 +40,9 @@ EXIT_TYPE = "EXIT"
 MAX_LINES = 100_000
 # How much of one line a report shows.
 LINE_CHARS = 300
+# The key under which a client's lines carry the wall-clock time (time.time_ns()) at which this
+# process read them, when the ClientProcess was asked to stamp them.
+READ_AT = "readAt"
 
 
 def bounded(items: Sequence[object], *, limit: int = 20) -> str:
@@ -53,15 +58,29 @@ class ClientProcess:
     The reader task belongs to this object: ``stop()`` ends the process (SIGTERM, then SIGKILL
     if it lingers), waits for it and for the reader. stderr goes to ``log_path`` so that a
     failure can show what the client said.
+
+    Lines are JSON unless ``parse`` turns a raw line into a dict (e.g. kubectl's table rows);
+    ``parse`` returns None for a line to leave out. With ``stamp_reads``, each line gets the
+    wall-clock time it was read, in nanoseconds, under ``READ_AT`` (taken before parsing).
     """
 
     def __init__(
-        self, name: str, argv: Sequence[str], *, env: dict[str, str], log_path: Path
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        env: dict[str, str],
+        log_path: Path,
+        parse: Callable[[bytes], Line | None] | None = None,
+        stamp_reads: bool = False,
     ) -> None:
         self.name = name
         self.argv = list(argv)
         self.env = env
         self.log_path = log_path
+        self.parse = parse
+        self.stamp_reads = stamp_reads
+        self.started_at = 0  # time.time_ns() just before the process was started
         self.lines: list[Line] = []
         self.returncode: int | None = None
         # Why the client was stopped as broken (None: it was not), its first error line and
@@ -78,35 +97,96 @@ class ClientProcess:
         self._eof = False
 
     async def start(self) -> None:
+        loop = asyncio.get_running_loop()
         with open(self.log_path, "wb") as log:
-            self._process = await asyncio.create_subprocess_exec(
-                *self.argv,
-                env=self.env,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=log,
-                limit=1 << 20,  # one event line can be a whole large object
-            )
-        self._reader = asyncio.get_running_loop().create_task(
-            self._read(), name=f"client-{self.name}"
-        )
+            if not self.stamp_reads:
+                self.started_at = time.time_ns()
+                self._process = await asyncio.create_subprocess_exec(
+                    *self.argv,
+                    env=self.env,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=log,
+                    limit=1 << 20,  # one event line can be a whole large object
+                )
+                self._reader = loop.create_task(self._read(), name=f"client-{self.name}")
+                return
+            read_end, write_end = os.pipe()
+            try:
+                self.started_at = time.time_ns()
+                self._process = await asyncio.create_subprocess_exec(
+                    *self.argv,
+                    env=self.env,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=write_end,
+                    stderr=log,
+                )
+            except BaseException:
+                os.close(read_end)
+                raise
+            finally:
+                os.close(write_end)  # the child's copy is the only writer: EOF when it exits
+        self._reader = loop.create_task(self._read_stamped(read_end), name=f"client-{self.name}")
 
     async def _read(self) -> None:
         assert self._process is not None and self._process.stdout is not None
         try:
             async for raw in self._process.stdout:
-                if not raw.strip():
-                    continue
-                if self.broken is not None:
-                    self.dropped += 1  # read to the end so that the process is not blocked
-                    continue
-                line = json.loads(raw)
-                self.lines.append(line)
-                self._note(line)
-                self._changed.set()
+                self._take(raw, 0)
         finally:
             self._eof = True
             self._changed.set()
+
+    async def _read_stamped(self, fd: int) -> None:
+        """Read ``fd`` in a thread of its own that stamps each line the moment it has it, so
+        that a stamp does not wait for this loop's other work (a busy test loop delayed the
+        loop's own reads by 100 ms); the lines are parsed and kept here, in order."""
+        loop = asyncio.get_running_loop()
+        received: asyncio.Queue[tuple[bytes, int] | None] = asyncio.Queue()
+
+        def hand_over(item: tuple[bytes, int] | None) -> None:
+            # The loop may be gone when a client outlives its test: nobody is left to tell.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(received.put_nowait, item)
+
+        def pump() -> None:
+            try:
+                with open(fd, "rb") as pipe:
+                    for raw in pipe:
+                        hand_over((raw, time.time_ns()))
+            finally:
+                hand_over(None)
+
+        # A thread of its own (not the loop's executor: its few workers would be taken by the
+        # first clients for their whole run); it ends when the process's stdout closes.
+        threading.Thread(target=pump, name=f"read-{self.name}", daemon=True).start()
+        try:
+            while (item := await received.get()) is not None:
+                self._take(*item)
+        finally:
+            self._eof = True
+            self._changed.set()
+
+    def _take(self, raw: bytes, read_at: int) -> None:
+        """One line read from the client at ``read_at`` (0: not stamped)."""
+        if not raw.strip():
+            return
+        if self.broken is not None:
+            self.dropped += 1  # read to the end so that the process is not blocked
+            return
+        line = json.loads(raw) if self.parse is None else self.parse(raw)
+        if line is None:
+            return
+        if read_at:
+            line[READ_AT] = read_at
+        self.lines.append(line)
+        self._note(line)
+        self._changed.set()
+
+    @property
+    def ended(self) -> bool:
+        """Its output has ended: the process exited (or closed its stdout)."""
+        return self._eof
 
     def _note(self, line: Line) -> None:
         if line.get("type") in ERROR_TYPES:

@@ -1,0 +1,85 @@
+"""pywatch: the Python clients' watch loops on pods, every event printed as one JSON line.
+
+A test program for watchproxy (tests/realapi/test_delivery_parity.py). It runs the loop each
+library's users write, with the library's defaults (KUBECONFIG, no resourceVersion: the server
+sends the current pods as ADDED, then every change; no timeout: the library re-watches by
+itself when a stream ends):
+
+    python tests/clients/pywatch.py --library official|asyncio --namespace NS
+
+``official`` is the ``kubernetes`` package's ``watch.Watch().stream(list_namespaced_pod, ...)``
+(urllib3), ``asyncio`` is kubernetes_asyncio's (aiohttp). Output, one line per event, written
+with one write(2) as soon as the library hands the event over, stamped with the wall-clock time
+of that moment in nanoseconds (``at``), in the line format of tests/clients/go's watchclient:
+
+    {"type":"ADDED","namespace":"ns","name":"p1","resourceVersion":"12","at":1765...}
+    {"type":"ERROR","error":"..."}
+
+It runs until SIGTERM (the default action: nothing to clean up) and imports nothing of the
+project, so that it starts like any user's script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from typing import Any
+
+
+def emit(line: dict[str, Any]) -> None:
+    # One write(2) per line, no buffer in between: the reader sees the line at once.
+    os.write(1, (json.dumps(line) + "\n").encode())
+
+
+def event_line(event: dict[str, Any]) -> dict[str, Any]:
+    at = time.time_ns()
+    obj = event["object"]
+    if event["type"] == "ERROR":
+        return {"type": "ERROR", "error": str(obj), "at": at}
+    meta = obj.metadata
+    return {
+        "type": event["type"],
+        "namespace": meta.namespace,
+        "name": meta.name,
+        "resourceVersion": meta.resource_version,
+        "at": at,
+    }
+
+
+def official(namespace: str) -> None:
+    from kubernetes import client, config, watch
+
+    config.load_kube_config()
+    pods = client.CoreV1Api()
+    for event in watch.Watch().stream(pods.list_namespaced_pod, namespace):
+        emit(event_line(event))
+
+
+async def with_asyncio(namespace: str) -> None:
+    from kubernetes_asyncio import client, config, watch
+
+    await config.load_kube_config()
+    async with client.ApiClient() as api_client:
+        pods = client.CoreV1Api(api_client)
+        async for event in watch.Watch().stream(pods.list_namespaced_pod, namespace):
+            emit(event_line(event))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="pywatch")
+    parser.add_argument("--library", choices=("official", "asyncio"), required=True)
+    parser.add_argument("--namespace", required=True)
+    args = parser.parse_args()
+    if args.library == "official":
+        official(args.namespace)
+    else:
+        asyncio.run(with_asyncio(args.namespace))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
