@@ -111,8 +111,19 @@ async def test_an_allow_rule_naming_create_on_pods_exec_lets_exec_through_read_o
     kubectl_bin = versioned_kubectl_or_skip(33)
     async with running_proxy(tmp_path, EXEC_ALLOWED) as running:
         make_pod(running)
+        # `cat` answers only what kubectl sends, so its output comes after kubectl has made its
+        # streams: kubectl 1.33's client-go starts reading the WebSocket before it has made
+        # them and drops a message that arrives first ("Unknown stream id 1", fixed in
+        # client-go 0.34), which kubefake's instant `echo` met on a loaded machine.
         code, out, err = await kubectl(
-            running.kubeconfig, "exec", "shell", "--", "echo", "ran", binary=kubectl_bin
+            running.kubeconfig,
+            "exec",
+            "-i",
+            "shell",
+            "--",
+            "cat",
+            binary=kubectl_bin,
+            stdin=b"ran\n",
         )
         assert (code, out) == (0, "ran\n"), err
         seen = upgrades_seen(running, "/exec")
