@@ -17,12 +17,14 @@ the state only once it is known to hold everything up to R:
    bookmark at some B >= R and closed: its objects are the key's state at B, which
    :func:`probe_difference` compares with ours (a quiet key answers within milliseconds, where
    step 5 takes a second). The same objects at the same resourceVersions: nothing the state
-   can show changed between C and B, and it is served. Objects the probe holds newer, or that
+   (at its resourceVersion C) can show changed between C and B, and it is served; a state at
+   B or later is current whatever it holds. Objects the probe holds newer, or that
    the state lacks: those writes are on their way to the shared watch, which is current once
    its state reaches the newest of them. Objects the state holds that the probe lacks were
    deleted at a resourceVersion the probe does not give: the state is current once it has
    dropped them too (and reached the newest change), within ``REPLAYED_CHANGE_WAIT``; else,
-   or when the probe cannot tell (refused, too many objects, no bookmark in time), step 5.
+   or when the probe cannot tell (refused, as by an apiserver without watch-lists, too many
+   objects, no bookmark in time), step 5.
    An object created and deleted between C and B is in neither, so a client may see its
    ADDED and DELETED after its initial events: those hold the state at B all the same;
 5. a large key, or one the probe could not settle: a short upstream watch of the key from the
