@@ -312,6 +312,10 @@ class Metrics:
             "Upstream LISTs with limit=1 that read the apiserver's current revision for "
             "consistent LISTs (shared by concurrent ones) and watches from now (one each).",
         )
+        self.freshness_watch_lists = add(
+            Counter, "watchproxy_freshness_watch_lists", "Watch-lists that showed a small key "
+            "current for a watch from now, by outcome: same, caught-up, replayed, unavailable.",
+            ["outcome"])  # fmt: skip
         self.lists_from_cache = add(
             Counter, "watchproxy_lists_from_cache",
             "LIST requests with resourceVersion=0 answered from a shared watch's state.",

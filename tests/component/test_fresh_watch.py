@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 from typing import Any
+from urllib.parse import parse_qs
 
 import aiohttp
 import pytest
@@ -21,6 +22,8 @@ import pytest
 from tests.component.test_consistent_list import PODS, upstream_lists, watching
 from tests.component.test_pitfalls import pod
 from tests.harness import Running, running_proxy, wait_for
+from watchproxy.hub.fetcher import PROBE_SECONDS, REPLAY_SECONDS
+from watchproxy.hub.freshwatch import PROBE_MAX_OBJECTS
 
 WATCH_LIST = "?watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan"
 FROM_NOW = {
@@ -51,9 +54,9 @@ async def first_added(
     return names
 
 
-async def lagging_write(running: Running, name: str, lag: float) -> None:
-    """``name`` created while the hub's upstream watch lags ``lag`` seconds and watches opened
-    later do not: a client's own write whose event is still on its way to the hub."""
+async def lag_hub(running: Running, lag: float) -> None:
+    """The hub's upstream watch, synced, lags ``lag`` seconds from now on; watches opened
+    later do not: a write made next is a client's own write still on its way to the hub."""
     shared = next(iter(running.proxy.hub.watches.values()))  # type: ignore[union-attr]
     store = running.fake.store
     await wait_for(lambda: shared.cache.resource_version == store.resource_version, what="sync")
@@ -61,7 +64,12 @@ async def lagging_write(running: Running, name: str, lag: float) -> None:
     await wait_for(
         lambda: running.fake.faults.lag_open_watches(lag) == 1, what="the upstream watch open"
     )
-    store.create("pods", "default", pod(name))
+
+
+async def lagging_write(running: Running, name: str, lag: float) -> None:
+    """``name`` created while the hub's upstream watch lags ``lag`` seconds."""
+    await lag_hub(running, lag)
+    running.fake.store.create("pods", "default", pod(name))
 
 
 @pytest.mark.parametrize("query", FROM_NOW.values(), ids=FROM_NOW.keys())
@@ -122,19 +130,128 @@ def not_current(running: Running) -> float:
 async def test_a_watch_from_now_that_cannot_be_shown_current_is_passed_through(
     tmp_path: Any,
 ) -> None:
-    """The replay from the state's resourceVersion is refused (history compacted): the
-    apiserver answers the watch, with the write."""
+    """A key too large for a watch-list probe is checked by a replay from the state's
+    resourceVersion, which is refused here (history compacted): the apiserver answers the
+    watch, with the write."""
     async with (
         running_proxy(tmp_path, QUIET) as running,
         aiohttp.ClientSession() as session,
         watching(running, session),
     ):
-        running.fake.store.create("pods", "default", pod("early-0"))
+        for i in range(PROBE_MAX_OBJECTS + 1):
+            running.fake.store.create("pods", "default", pod(f"early-{i:03d}"))
         await lagging_write(running, "a-late", 1.0)
         running.fake.store.compact()
         names = await first_added(running, session, FROM_NOW["watch-list"], 2)
-        assert names == ["a-late", "early-0"]
+        assert names == ["a-late", "early-000"]
         assert not_current(running) == 1
+        assert probe_watch_lists(running) == []
+        assert len(replays(running)) == 1
+
+
+def probe_watch_lists(running: Running) -> list[Any]:
+    """The hub's watch-list probes sent upstream."""
+    return [
+        r
+        for r in running.fake.stats.requests
+        if r.path == PODS
+        and r.watch
+        and parse_qs(r.query_string).get("timeoutSeconds") == [str(PROBE_SECONDS)]
+    ]
+
+
+def replays(running: Running) -> list[Any]:
+    return [
+        r
+        for r in running.fake.stats.requests
+        if r.path == PODS
+        and r.watch
+        and parse_qs(r.query_string).get("timeoutSeconds") == [str(REPLAY_SECONDS)]
+        and "sendInitialEvents" not in parse_qs(r.query_string)
+    ]
+
+
+def watch_list_outcome(running: Running, outcome: str) -> float:
+    value = running.proxy.metrics.registry.get_sample_value(
+        "watchproxy_freshness_watch_lists_total", {"outcome": outcome}
+    )
+    return value or 0.0
+
+
+async def quiet_shared_key(running: Running, session: aiohttp.ClientSession) -> None:
+    shared = next(iter(running.proxy.hub.watches.values()))  # type: ignore[union-attr]
+    loop = asyncio.get_running_loop()
+    await wait_for(
+        lambda: shared.advanced_at is not None and loop.time() - shared.advanced_at > 0.3,
+        what="the collection to be quiet",
+    )
+
+
+async def timed_first_added(
+    running: Running, session: aiohttp.ClientSession, n: int
+) -> tuple[float, list[str]]:
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    names = await first_added(running, session, FROM_NOW["watch-list"], n)
+    return loop.time() - start, names
+
+
+async def test_a_watch_from_now_joining_a_quiet_unchanged_key_is_served_at_once(
+    tmp_path: Any,
+) -> None:
+    """Nothing changed in the key since its state: a watch-list probe shows it at once, where
+    a replay from the state's resourceVersion would hold the client a whole second."""
+    async with running_proxy(tmp_path, QUIET) as running, aiohttp.ClientSession() as session:
+        for i in range(3):
+            running.fake.store.create("pods", "default", pod(f"early-{i}"))
+        async with watching(running, session):
+            await quiet_shared_key(running, session)
+            await lag_hub(running, 5.0)
+            running.fake.store.create("configmaps", "default", {"metadata": {"name": "other"}})
+            elapsed, names = await timed_first_added(running, session, 3)
+            assert names == ["early-0", "early-1", "early-2"]
+            assert elapsed < 0.5
+            assert watch_list_outcome(running, "same") == 1
+            assert (len(probe_watch_lists(running)), replays(running)) == (1, [])
+            assert not_current(running) == 0
+
+
+async def test_a_watch_from_now_joining_a_quiet_key_waits_only_for_the_write_before_it(
+    tmp_path: Any,
+) -> None:
+    """The probe shows the write the shared watch has not had yet: the client is served once
+    it has (0.2 s on its way here), with it, and not a replay's second later."""
+    async with running_proxy(tmp_path, QUIET) as running, aiohttp.ClientSession() as session:
+        for i in range(3):
+            running.fake.store.create("pods", "default", pod(f"early-{i}"))
+        async with watching(running, session):
+            await quiet_shared_key(running, session)
+            await lagging_write(running, "a-late", 0.2)
+            elapsed, names = await timed_first_added(running, session, 4)
+            assert names == ["a-late", "early-0", "early-1", "early-2"]
+            assert elapsed < 0.7
+            assert watch_list_outcome(running, "caught-up") == 1
+            assert replays(running) == []
+            assert not_current(running) == 0
+
+
+async def test_a_watch_from_now_joining_a_quiet_key_waits_for_a_delete_before_it(
+    tmp_path: Any,
+) -> None:
+    """The probe lacks an object the state holds: the client is served once the shared watch
+    has dropped it too, without it."""
+    async with running_proxy(tmp_path, QUIET) as running, aiohttp.ClientSession() as session:
+        for i in range(3):
+            running.fake.store.create("pods", "default", pod(f"early-{i}"))
+        async with watching(running, session):
+            await quiet_shared_key(running, session)
+            await lag_hub(running, 0.2)
+            running.fake.store.delete("pods", "default", "early-0")
+            elapsed, names = await timed_first_added(running, session, 2)
+            assert names == ["early-1", "early-2"]
+            assert elapsed < 0.7
+            assert watch_list_outcome(running, "caught-up") == 1
+            assert replays(running) == []
 
 
 async def test_a_watch_from_now_is_served_from_the_state_while_the_apiserver_is_down(

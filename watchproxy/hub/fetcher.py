@@ -39,6 +39,7 @@ from watchproxy.hub.outcomes import (
 )
 from watchproxy.hub.ports import UpstreamAnswer, UpstreamHealth, WatchSource
 from watchproxy.hub.watchkey import WatchKey
+from watchproxy.kube.jsonobjects import key_of, rv_of
 from watchproxy.kube.representation import Representation
 from watchproxy.metrics import Metrics
 
@@ -46,8 +47,13 @@ LIST_PAGE_SIZE = 500
 # A replay's upstream watch ends after this long (the apiserver's smallest timeoutSeconds): it
 # sends the events it already holds at once, so a quiet key's replay is this long and empty.
 REPLAY_SECONDS = 1
-REPLAY_FAILED = -1  # what replay() returns when it could not tell
-UNAVAILABLE = -2  # current_rv() and replay(): no answer, or a 5xx or 429 (the apiserver is unwell)
+REPLAY_FAILED = -1  # what replay() and probe() return when they could not tell
+UNAVAILABLE = -2  # current_rv(), replay() and probe(): no answer, or a 5xx or 429 (the
+# apiserver is unwell)
+# A probe's watch-list ends after this long if its initial events have not (the apiserver
+# waits up to 3 s for its watch cache to reach the requested revision before it answers).
+PROBE_SECONDS = 5
+INITIAL_EVENTS_END = "k8s.io/initial-events-end"
 
 
 def _unwell(status: int) -> bool:
@@ -312,3 +318,69 @@ class Fetcher:
         finally:
             answer.close()
         return newest
+
+    async def probe(self, at_least: int, max_objects: int) -> tuple[int, dict[str, int]] | int:
+        """The resourceVersion B of the initial-events-end bookmark of a watch-list of the key
+        from ``at_least`` (``NotOlderThan``, so B >= ``at_least``), closed at that bookmark,
+        and the key's objects at B (key -> resourceVersion); REPLAY_FAILED when it could not
+        tell (refused, more than ``max_objects`` objects, no such bookmark in time),
+        UNAVAILABLE if the apiserver could not answer.
+
+        Always JSON, whatever the key's representation: only names and resourceVersions are
+        read, which every representation keys the same way, and a protobuf bookmark's
+        annotations are not decoded."""
+        params: dict[str, str] = {}
+        if self.key.label_selector:
+            params["labelSelector"] = self.key.label_selector
+        if self.key.field_selector:
+            params["fieldSelector"] = self.key.field_selector
+        params.update(
+            watch="true",
+            sendInitialEvents="true",
+            resourceVersionMatch="NotOlderThan",
+            resourceVersion=str(at_least),
+            allowWatchBookmarks="true",
+            timeoutSeconds=str(PROBE_SECONDS),
+        )
+        query = urllib.parse.urlencode(params, quote_via=urllib.parse.quote, safe="")
+        objects: dict[str, int] = {}
+        try:
+            answer = await self.source.open(
+                f"{self.key.collection_path}?{query}",
+                accept="application/json",
+                verb="watch",
+                forwarded_auth=self.forwarded_auth,
+            )
+        except ProxyError:
+            return UNAVAILABLE
+        try:
+            if answer.status != 200:
+                return UNAVAILABLE if _unwell(answer.status) else REPLAY_FAILED
+            if _media_type(answer.content_type) != "application/json":
+                return REPLAY_FAILED
+            records = answer.lines()
+            try:
+                # Bounded even if the apiserver ignored timeoutSeconds.
+                async with asyncio.timeout(PROBE_SECONDS + 1):
+                    async for record in records:
+                        if not record.strip():
+                            continue
+                        event = json.loads(record)
+                        kind, obj = event["type"], event["object"]
+                        if kind == "BOOKMARK":
+                            meta = obj.get("metadata") or {}
+                            if (meta.get("annotations") or {}).get(INITIAL_EVENTS_END) == "true":
+                                return parse_rv(str(meta["resourceVersion"])), objects
+                        elif kind == "ADDED":
+                            objects[key_of(obj)] = parse_rv(rv_of(obj))
+                            if len(objects) > max_objects:
+                                return REPLAY_FAILED
+                        else:
+                            return REPLAY_FAILED  # an ERROR, or a change before the end
+            except (TimeoutError, ProxyError, ValueError, KeyError, TypeError, AttributeError):
+                return REPLAY_FAILED
+            finally:
+                await records.aclose()
+        finally:
+            answer.close()
+        return REPLAY_FAILED  # ended without its initial-events-end bookmark

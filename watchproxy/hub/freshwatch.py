@@ -12,10 +12,27 @@ the state only once it is known to hold everything up to R:
 1. R is read with a one-item LIST sent after the client's request arrived (a consistent read);
 2. a state already at R or later is current;
 3. a state that moves is waited for, as for a consistent LIST;
-4. otherwise a short upstream watch of the key from the state's resourceVersion C replays the
-   key's changes after C: the apiserver, having answered the consistent read at R, holds them
-   all and sends them at once. None up to R: the state at C is the state at R. Some: the state
-   is current once it reaches the last of them, which is on its way to the shared watch.
+4. otherwise, for a key of at most ``PROBE_MAX_OBJECTS`` objects, a watch-list of the key from
+   R (``sendInitialEvents``, ``NotOlderThan``, JSON) is read up to its initial-events-end
+   bookmark at some B >= R and closed: its objects are the key's state at B, which
+   :func:`probe_difference` compares with ours (a quiet key answers within milliseconds, where
+   step 5 takes a second). The same objects at the same resourceVersions: nothing the state
+   (at its resourceVersion C) can show changed between C and B, and it is served; a state at
+   B or later is current whatever it holds. Objects the probe holds newer, or that
+   the state lacks: those writes are on their way to the shared watch, which is current once
+   its state reaches the newest of them. Objects the state holds that the probe lacks were
+   deleted at a resourceVersion the probe does not give: the state is current once it has
+   dropped them too (and reached the newest change), within ``REPLAYED_CHANGE_WAIT``; else,
+   or when the probe cannot tell (refused, as by an apiserver without watch-lists, too many
+   objects, no bookmark in time), step 5.
+   An object created and deleted between C and B is in neither, so a client may see its
+   ADDED and DELETED after its initial events: those hold the state at B all the same;
+5. a large key, or one the probe could not settle: a short upstream watch of the key from the
+   state's resourceVersion C replays the key's changes after C (``REPLAY_SECONDS`` long: a
+   plain watch has no end-of-replay marker): the apiserver, having answered the consistent
+   read at R, holds them all and sends them at once. None up to R: the state at C is the
+   state at R. Some: the state is current once it reaches the last of them, which is on its
+   way to the shared watch.
 
 A watch that cannot be shown current is passed through, and the apiserver answers it — except
 while the apiserver cannot answer (no answer, a 5xx or a 429 to the probe or the replay), when
@@ -29,8 +46,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
+from watchproxy.hub.cachestate import CacheState
 from watchproxy.hub.fetcher import REPLAY_FAILED, UNAVAILABLE
 from watchproxy.hub.sharedwatch import SharedWatch
 from watchproxy.hub.watchcache import WatchCache
@@ -42,6 +61,60 @@ REPLAYED_CHANGE_WAIT = 3.0
 # A state that has not moved for this many waits is quiet: its next move is not expected soon
 # (consistent LISTs, in lists/fresh.py, follow the same rule through these functions).
 QUIET_AFTER_WAITS = 4
+# The largest key a watch-list probe checks (step 4 above). The probe carries the key's whole
+# state, once per client that joins it: a few hundred objects are well under a megabyte for
+# the apiserver to send and for the proxy to parse, milliseconds, against the second a replay
+# holds the client. A larger key's probe would cost more than that second saves; the replay's
+# cost does not grow with the key.
+PROBE_MAX_OBJECTS = 300
+
+
+@dataclass(frozen=True, slots=True)
+class Difference:
+    """How a state differs from a probe of its key at ``probed_at``: ``newest``, the
+    resourceVersion of the newest object the probe holds differently (None: none); ``gone``,
+    the keys the state holds that the probe lacks, with the resourceVersion the state holds
+    each at. (:func:`caught_up` waits for a bare resourceVersion as ``Difference(rv, rv, ())``.)"""
+
+    probed_at: int
+    newest: int | None
+    gone: tuple[tuple[str, int], ...]
+
+    @property
+    def none(self) -> bool:
+        return self.newest is None and not self.gone
+
+
+def probe_difference(state: CacheState, probed_at: int, probed: dict[str, int]) -> Difference:
+    """``state`` against ``probed``, a probe's objects at ``probed_at`` (key ->
+    resourceVersion)."""
+    newest: int | None = None
+    for key, rv in probed.items():
+        entry = state.get(key)
+        if entry is None or entry.rv != rv:
+            newest = rv if newest is None else max(newest, rv)
+    gone: list[tuple[str, int]] = []
+    for key in state:
+        if key not in probed:
+            entry = state.get(key)
+            if entry is not None:
+                gone.append((key, entry.rv))
+    return Difference(probed_at, newest, tuple(gone))
+
+
+def reached(state: CacheState, state_rv: int | None, difference: Difference) -> bool:
+    """Whether ``state`` (at ``state_rv``) holds every change ``difference`` showed: at the
+    probe's resourceVersion or later, or at the newest changed object or later and without
+    any of the gone objects as they were."""
+    if state_rv is not None and state_rv >= difference.probed_at:
+        return True
+    if difference.newest is not None and (state_rv is None or state_rv < difference.newest):
+        return False
+    for key, rv in difference.gone:
+        entry = state.get(key)
+        if entry is not None and entry.rv == rv:
+            return False
+    return True
 
 
 class Moving(Protocol):
@@ -69,10 +142,18 @@ def looks_busy(shared: Moving, wait: float, now: float) -> bool:
 async def caught_up(shared: Moving, rv: int, wait: float, clock: Callable[[], float]) -> bool:
     """Whether ``shared``'s state is at ``rv`` or later within ``wait`` seconds (False if the
     shared watch ends first). True means: answer from it now, before the next await."""
+    return await settled(shared, Difference(rv, rv, ()), wait, clock)
+
+
+async def settled(
+    shared: Moving, difference: Difference, wait: float, clock: Callable[[], float]
+) -> bool:
+    """Whether ``shared``'s state holds every change ``difference`` showed within ``wait``
+    seconds (False if the shared watch ends first). True: answer from it now."""
     deadline = clock() + wait
     while True:
-        state_rv = shared.cache.resource_version
-        if state_rv is not None and state_rv >= rv and not shared.closed:
+        cache = shared.cache
+        if not shared.closed and reached(cache.state, cache.resource_version, difference):
             return True
         remaining = deadline - clock()
         if remaining <= 0 or shared.closed:
@@ -90,7 +171,8 @@ async def not_current(
 
 async def is_current(shared: SharedWatch, wait: float, clock: Callable[[], float]) -> bool:
     """Whether ``shared``'s state holds every write that finished before this call; False:
-    pass the watch through. Probes are counted in ``watchproxy_freshness_probes_total``."""
+    pass the watch through. Probes are counted in ``watchproxy_freshness_probes_total``, the
+    watch-lists among them in ``watchproxy_freshness_watch_lists_total``."""
     fetcher = shared.fetcher
     shared.metrics.freshness_probes.inc()
     current = await fetcher.current_rv()
@@ -102,6 +184,24 @@ async def is_current(shared: SharedWatch, wait: float, clock: Callable[[], float
     busy = wait > 0 and looks_busy(shared, wait, clock())
     if await caught_up(shared, current, wait if busy else 0.0, clock):
         return True
+    if shared.closed:
+        return False
+    if len(shared.cache) <= PROBE_MAX_OBJECTS:
+        outcomes = shared.metrics.freshness_watch_lists
+        probed = await fetcher.probe(current, PROBE_MAX_OBJECTS)
+        if probed == UNAVAILABLE:
+            outcomes.labels("unavailable").inc()
+            return True
+        if isinstance(probed, tuple):
+            difference = probe_difference(shared.cache.state, probed[0], probed[1])
+            if difference.none and not shared.closed:
+                outcomes.labels("same").inc()
+                return True  # the state at C is the state at B >= R
+            if await settled(shared, difference, REPLAYED_CHANGE_WAIT, clock):
+                outcomes.labels("caught-up").inc()
+                return True
+        # Not settled (a gone object still held, a change not arriving) or not told: replay.
+        outcomes.labels("replayed").inc()
     since = shared.cache.resource_version_str
     if since is None or shared.closed:
         return False
