@@ -46,7 +46,7 @@ took "the kube-rs and client-node programs"
 took "the Go client programs"
 # Kubernetes' own API e2e specs (k8s.io/kubernetes v1.37.2's test/e2e/apimachinery, auth,
 # instrumentation) in a ginkgo program of ours, for the conformance tier
-# (tests/realapi/test_conformance.py; WATCHPROXY_CONFORMANCE=full runs all of them). Built with
+# (tests/realapi/test_conformance.py; CONFORMANCE=full runs all of them). Built with
 # kubetestenv's flags, so the packages they share come from Go's build cache; a no-op when up
 # to date. Skipped without Go, except with CI=true.
 .venv/bin/python -m tests.conformance.build

@@ -11,9 +11,9 @@ pass direct: one that cannot on an apiserver without nodes or controllers is ski
 ``specs.py`` with its reason.
 
 By default a subset runs (watches, chunking, Table, CRD watch, WatchList, field validation,
-server-side apply; a few minutes). ``WATCHPROXY_CONFORMANCE=full`` runs every spec of the three
-packages that an apiserver alone can pass; ``WATCHPROXY_CONFORMANCE_SEED`` changes the seed;
-``WATCHPROXY_CONFORMANCE_SUMMARY=FILE`` writes the counts and differences as JSON, which
+server-side apply; a few minutes). ``CONFORMANCE=full`` runs every spec of the three
+packages that an apiserver alone can pass; ``CONFORMANCE_SEED`` changes the seed;
+``CONFORMANCE_SUMMARY=FILE`` writes the counts and differences as JSON, which
 ``scripts/compatibility.py --conformance FILE`` puts in docs/compatibility.md.
 """
 
@@ -29,18 +29,19 @@ from typing import Any
 
 import pytest
 
+from tests.clients.build import go_sources, is_fresh
 from tests.conformance import specs
-from tests.conformance.build import BINARY, go_sources, is_fresh, kubernetes_version
+from tests.conformance.build import BINARY, kubernetes_version
 from tests.conformance.results import Comparison, Run, compare
 from tests.conformance.runner import run_specs
 from tests.conformance.specs import Selection
 from tests.harness import proxy_for_upstream, versioned_kubectl
 from tests.realapi.fixture import ci_requires_tier, start_or_skip
 
-MODE = os.environ.get("WATCHPROXY_CONFORMANCE", "subset")
+MODE = os.environ.get("CONFORMANCE", "subset")
 if MODE not in ("subset", "full"):
-    raise RuntimeError(f"WATCHPROXY_CONFORMANCE={MODE!r}: one of subset, full")
-SEED = int(os.environ.get("WATCHPROXY_CONFORMANCE_SEED", specs.SEED))
+    raise RuntimeError(f"CONFORMANCE={MODE!r}: one of subset, full")
+SEED = int(os.environ.get("CONFORMANCE_SEED", specs.SEED))
 SELECTION = specs.FULL if MODE == "full" else specs.SUBSET
 # Each run's bound (ginkgo's -timeout); the test's is both runs and two apiserver starts more.
 NEWEST_KUBECTL = 37
@@ -123,7 +124,7 @@ def summary(direct: Run, proxied: Run, comparison: Comparison) -> dict[str, obje
 def write_summary(report: dict[str, object]) -> None:
     text = json.dumps(report, indent=1) + "\n"
     print(text)
-    if path := os.environ.get("WATCHPROXY_CONFORMANCE_SUMMARY"):
+    if path := os.environ.get("CONFORMANCE_SUMMARY"):
         Path(path).write_text(text, encoding="utf-8")
 
 
