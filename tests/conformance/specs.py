@@ -146,6 +146,10 @@ IMPERSONATION_REFUSED = (
     " its default security.impersonation: refuse (docs/security.md)"
 )
 
+# "[sig-auth] SubjectReview should support SubjectReview API operations" passes through
+# watchproxy, though not as it passes direct: it expects its impersonated LIST to be forbidden
+# as the SubjectAccessReview said, and watchproxy's own 403 (impersonation refused) is what it
+# gets, not RBAC's.
 THROUGH_WATCHPROXY: dict[str, str] = {
     # Its impersonated requests get watchproxy's 403, without the priority level's UID header
     # the spec looks for.
