@@ -9,6 +9,16 @@ someone remembers:
     KUBETESTENV_VERSION=1.34 .venv/bin/pytest -n 3 -m realapi tests/realapi --junitxml=/tmp/r134.xml
     .venv/bin/python scripts/compatibility.py 1.37=/tmp/r137.xml 1.34=/tmp/r134.xml
 
+The conformance tier's full run (Kubernetes' own e2e specs, direct and through watchproxy)
+leaves a summary when asked to, which ``--conformance`` adds as a section of its own:
+
+    CONFORMANCE=full CONFORMANCE_SUMMARY=/tmp/conformance.json \
+        .venv/bin/pytest -n 0 tests/realapi/test_conformance.py
+    .venv/bin/python scripts/compatibility.py 1.37=/tmp/r137.xml --conformance /tmp/conformance.json
+
+or, to rewrite that section alone and keep the rest of the page,
+``scripts/compatibility.py --conformance /tmp/conformance.json``.
+
 A cell is ``pass`` when every test of its row passed on that version, ``FAIL`` when one failed,
 ``skipped`` when all were skipped (with the first reason), ``-`` when none ran.
 
@@ -25,11 +35,13 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import re
 import sys
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 OUT = Path(__file__).resolve().parent.parent / "docs" / "compatibility.md"
 
@@ -294,13 +306,72 @@ def previous_cells(page: str) -> dict[tuple[str, str, str], str]:
     return cells
 
 
+CONFORMANCE_HEADING = "## Kubernetes' own conformance specs"
+
+
+def render_conformance(summary: dict[str, Any]) -> list[str]:
+    """The conformance section: counts direct and through watchproxy, and every spec that
+    passed direct and not through watchproxy, with its reason."""
+    lines = [
+        CONFORMANCE_HEADING,
+        "",
+        f"The e2e specs of k8s.io/kubernetes {summary['kubernetes']} that need only an apiserver",
+        "(`test/e2e/apimachinery`, `auth`, `instrumentation`), run by",
+        "`tests/realapi/test_conformance.py` against kube-apiserver"
+        f" {summary['kubernetes'].removeprefix('v')} (kubetestenv) straight and through",
+        "watchproxy in its default configuration, side by side, each on an apiserver of its",
+        f"own, with the same seed ({summary['seed']}): the {summary['mode']} set, {summary['date']}"
+        + (" (`CONFORMANCE=full`)." if summary["mode"] == "full" else "."),
+        "Left out are the specs that need a kubelet, a controller or a feature a default",
+        "apiserver leaves off (`tests/conformance/specs.py` says which and why); skipped",
+        "counts the specs that skipped themselves (a component they look for is absent).",
+        "",
+        "| run | passed | failed | skipped | wall time |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for key, label in (("direct", "direct"), ("watchproxy", "through watchproxy")):
+        run = summary[key]
+        lines.append(
+            f"| {label} | {run['passed']} | {run['failed']} | {run['skipped']}"
+            f" | {run['seconds'] // 60} min {run['seconds'] % 60} s |"
+        )
+    lines.append("")
+    excused = summary["excused"]
+    differences = summary["differences"]
+    if not excused and not differences:
+        lines.append("Every spec that passed direct passed through watchproxy.")
+    else:
+        lines.append(
+            "Passed direct, failed through watchproxy (`specs.py` lists each with its reason):"
+        )
+        lines.append("")
+        lines += [f"- {name}: {reason}" for name, reason in sorted(excused.items())]
+        lines += [f"- {difference} (not listed: a bug)" for difference in differences]
+    lines.append("")
+    return lines
+
+
+def replace_conformance(page: str, summary: dict[str, Any]) -> str:
+    """``page`` with its conformance section (the page's last) replaced, or added at its end."""
+    head, _, _ = page.partition(CONFORMANCE_HEADING)
+    return head.rstrip("\n") + "\n\n" + "\n".join(render_conformance(summary))
+
+
 def render(
     runs: dict[str, dict[str, str | tuple[str, str]]],
     when: str,
     previous: str | None = None,
+    conformance: dict[str, Any] | None = None,
 ) -> str:
     """The page; with ``previous`` (the page as it was), rows that no test of ``runs`` proves
-    keep their cells, its versions' columns stay, and its summary lines stay too."""
+    keep their cells, its versions' columns stay, and its summary lines stay too; its
+    conformance section stays unless ``conformance`` gives a new one."""
+    kept_conformance: str | None = None
+    if previous is not None and CONFORMANCE_HEADING in previous:
+        previous, _, kept_section = previous.partition(CONFORMANCE_HEADING)
+        previous = previous.rstrip("\n") + "\n"
+        if conformance is None:
+            kept_conformance = CONFORMANCE_HEADING + kept_section
     kept = previous_cells(previous) if previous is not None else {}
     versions = list(runs)
     for _client, _feature, version in kept:
@@ -340,24 +411,32 @@ def render(
         totals.append(f"{version}: {passed} passed, {failed} failed, {skipped} skipped")
     if previous is None:
         lines += ["", "Whole tier: " + "; ".join(totals) + ".", ""]
-        return "\n".join(lines)
-    # The summary lines of the page as it was (the whole tier's counts, earlier merges), then
-    # this merge's: which rows it updated, from how many tests.
-    summary = previous.split("\n\n")[-1].strip().splitlines() if previous.strip() else []
-    summary = [line for line in summary if not line.startswith("|")]
-    modules = sorted({test_id.partition("::")[0] for run in runs.values() for test_id in run})
-    lines += ["", *summary]
-    lines.append(
-        f"Merged {when}: {len(set(merged))} rows from a run of {', '.join(modules)} alone"
-        f" ({'; '.join(totals)})."
-    )
-    lines.append("")
+    else:
+        # The summary lines of the page as it was (the whole tier's counts, earlier merges),
+        # then this merge's: which rows it updated, from how many tests.
+        summary = previous.split("\n\n")[-1].strip().splitlines() if previous.strip() else []
+        summary = [line for line in summary if not line.startswith("|")]
+        modules = sorted({test_id.partition("::")[0] for run in runs.values() for test_id in run})
+        lines += ["", *summary]
+        lines.append(
+            f"Merged {when}: {len(set(merged))} rows from a run of {', '.join(modules)} alone"
+            f" ({'; '.join(totals)})."
+        )
+        lines.append("")
+    if conformance is not None:
+        lines += render_conformance(conformance)
+    elif kept_conformance is not None:
+        lines += [*kept_conformance.rstrip("\n").split("\n"), ""]
     return "\n".join(lines)
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("runs", nargs="+", help="VERSION=junit.xml, newest first")
+    parser.add_argument(
+        "runs",
+        nargs="*",
+        help="VERSION=junit.xml, newest first; none: only the conformance section is rewritten",
+    )
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--date", default=datetime.date.today().isoformat())
     parser.add_argument(
@@ -365,13 +444,29 @@ def main(argv: list[str]) -> int:
         action="store_true",
         help="update only the rows the given runs prove; keep every other cell of --out",
     )
+    parser.add_argument(
+        "--conformance",
+        type=Path,
+        help="the summary of a conformance run (CONFORMANCE_SUMMARY)",
+    )
     args = parser.parse_args(argv)
+    if not args.runs:
+        if args.conformance is None:
+            parser.error("give VERSION=junit.xml runs, --conformance FILE, or both")
+        summary = json.loads(args.conformance.read_text(encoding="utf-8"))
+        page = replace_conformance(args.out.read_text(encoding="utf-8"), summary)
+        args.out.write_text(page, encoding="utf-8")
+        print(f"wrote the conformance section of {args.out}")
+        return 0
     runs = {}
     for spec in args.runs:
         version, _, path = spec.partition("=")
         runs[version] = results(Path(path))
     previous = args.out.read_text(encoding="utf-8") if args.merge else None
-    args.out.write_text(render(runs, args.date, previous), encoding="utf-8")
+    conformance = None
+    if args.conformance is not None:
+        conformance = json.loads(args.conformance.read_text(encoding="utf-8"))
+    args.out.write_text(render(runs, args.date, previous, conformance), encoding="utf-8")
     print(f"wrote {args.out}")
     return 0
 

@@ -55,6 +55,13 @@ if ! command -v mvn >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "
 fi
 .venv/bin/python -m tests.clients.build_java
 took "the JVM client programs"
+# Kubernetes' own API e2e specs (k8s.io/kubernetes v1.37.2's test/e2e/apimachinery, auth,
+# instrumentation) in a ginkgo program of ours, for the conformance tier
+# (tests/realapi/test_conformance.py; CONFORMANCE=full runs all of them). Built with
+# kubetestenv's flags, so the packages they share come from Go's build cache; a no-op when up
+# to date. Skipped without Go, except with CI=true.
+.venv/bin/python -m tests.conformance.build
+took "the conformance specs"
 # Three workers: most tests wait on loopback sockets and child processes, not on the CPU, so three
 # share two cores well (the whole suite: about 4 minutes instead of 11 on a quiet 2-core machine).
 # Each worker starts its own session fixtures (the real apiserver among them). A later `-n 0` in
