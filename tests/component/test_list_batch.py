@@ -10,6 +10,7 @@ import asyncio
 from typing import Any
 
 import aiohttp
+import pytest
 
 from tests.component.test_pitfalls import pod
 from tests.harness import running_proxy, wait_for
@@ -73,3 +74,60 @@ async def test_lists_that_differ_in_what_they_ask_are_not_batched(tmp_path: Any)
                 bodies.append(await response.json())
         assert [names(b) for b in bodies] == [["a", "b"], ["a"], ["a"]]
         assert bodies[2]["metadata"]["continue"]
+
+
+def big_configmap(name: str) -> dict[str, Any]:
+    return {"metadata": {"name": name}, "data": {"v": name * 4000}}
+
+
+@pytest.mark.parametrize("connection", ["keep-alive", "close"], ids=["fast-lane", "aiohttp"])
+async def test_a_batch_too_big_to_hold_is_streamed_to_its_members_from_its_one_upstream_list(
+    tmp_path: Any, connection: str
+) -> None:
+    """A batch whose answer outgrows ``limits.list_batch_max_bytes`` hands what it read, and
+    then the rest as it arrives, to every member: no member sends its LIST again."""
+    overrides = {"limits.list_batch_max_bytes": 64 * 1024}
+    async with (
+        running_proxy(tmp_path, overrides) as running,
+        aiohttp.ClientSession() as session,
+    ):
+        fake, metrics = running.fake, running.proxy.metrics.registry
+        for i in range(60):  # about 1.2 MB of JSON: past the batch's limit
+            fake.store.create("configmaps", "default", big_configmap(f"cm-{i:02}"))
+        url = running.url + "/api/v1/namespaces/default/configmaps"
+        # A request that closes its connection is aiohttp's to serve, not the fast lane's.
+        headers = {"Accept-Encoding": "identity", "Connection": connection}
+
+        def lists_upstream() -> int:
+            return len(
+                [r for r in fake.stats.requests if r.path.endswith("/configmaps") and not r.watch]
+            )
+
+        async def list_names() -> list[str]:
+            async with session.get(url, headers=headers) as response:
+                assert response.status == 200, await response.text()
+                return names(await response.json())
+
+        expected = [f"cm-{i:02}" for i in range(60)]
+        # One client alone: one upstream LIST, not a batch's and then its own.
+        assert await list_names() == expected
+        assert lists_upstream() == 1
+        # One held LIST in flight, then three identical ones: they share the next batch.
+        fake.faults.hold_lists(True)
+        first = asyncio.ensure_future(list_names())
+        await wait_for(lambda: fake.faults.lists_held == 1, what="the first LIST upstream")
+        later = [asyncio.ensure_future(list_names()) for _ in range(3)]
+        await wait_for(
+            lambda: (
+                metrics.get_sample_value("watchproxy_requests_in_flight", {"kind": "request"}) == 4
+            ),
+            what="all 4 LISTs in watchproxy",
+        )
+        fake.faults.hold_lists(False)
+        assert await asyncio.gather(first, *later) == [expected] * 4
+        assert lists_upstream() == 1 + 2  # before: 1 + 2 batches + 4 LISTs passed through
+        assert metrics.get_sample_value("watchproxy_list_batches_streamed_total") == 3
+        fast_lane = running.proxy.fast_lane
+        assert fast_lane is not None and fast_lane.served == (
+            5 if connection == "keep-alive" else 0
+        )

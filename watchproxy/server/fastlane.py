@@ -32,7 +32,8 @@ from yarl import URL
 
 from watchproxy.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable, status_bytes
 from watchproxy.kube.headers import response_headers
-from watchproxy.lists.batch import Answer
+from watchproxy.lists.batch import Answer, StreamedAnswer
+from watchproxy.lists.sharedbody import ReaderCut
 from watchproxy.policy.fairqueue import flow
 from watchproxy.server.api import ApiHandler, flow_key
 from watchproxy.server.clientgone import CLIENT_CLOSED_REQUEST, EndsWithClient
@@ -222,6 +223,12 @@ class FastLane:
                 self.handler.check_client_limit(client.remote, route.verb)
                 for kind in route.kinds[:-1]:  # the LIST services, before the pass-through
                     listed = await self._list(kind, route, head, key)
+                    # big-lists: a batch's answer too big to hold whole, streamed to it.
+                    if isinstance(listed, StreamedAnswer):
+                        sent.status = listed.status
+                        await self._write_streamed(listed, client)
+                        return
+                    # end big-lists
                     if listed is not None:
                         self._write_response(listed, client)
                         sent.status = listed.status
@@ -271,7 +278,7 @@ class FastLane:
 
     async def _list(
         self, kind: RouteKind, route: Route, listing: RequestHead, key: tuple[str, str, str]
-    ) -> web.Response | Answer | None:
+    ) -> web.Response | Answer | StreamedAnswer | None:
         """One LIST service's answer, or None to let the route's next kind answer."""
         handler = self.handler
         assert route.api_path is not None and route.query is not None
@@ -297,6 +304,35 @@ class FastLane:
             response.status, reason, headers, length=len(body), close=self.handler.draining
         )
         client.write(head + body)
+
+    # big-lists: a batch's answer streamed from shared chunks (lists/sharedbody.py).
+    async def _write_streamed(self, answer: StreamedAnswer, client: ClientConnection) -> None:
+        """Write a batch's streamed answer at the pace the client reads it."""
+        try:
+            client.write(
+                response_head(
+                    answer.status,
+                    answer.reason,
+                    answer.headers,
+                    chunked=True,
+                    close=self.handler.draining,
+                )
+            )
+            while True:
+                chunk = await answer.next()
+                if chunk is None:
+                    break
+                if chunk:
+                    client.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+                    await client.drain()
+            client.write(_LAST_CHUNK)
+        except ReaderCut as cut:
+            log.info("a streamed batch LIST was cut: %s", cut)
+            client.abort()  # a body that cannot be completed must not look whole
+        finally:
+            answer.leave()
+
+    # end big-lists
 
     async def _relay(
         self, head: RequestHead, upstream: UpstreamResponse, client: ClientConnection, sent: _Sent
