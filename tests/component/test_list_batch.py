@@ -7,11 +7,14 @@ requests are in flight upstream is decided by the test, not by timing.
 from __future__ import annotations
 
 import asyncio
+import socket
+import tracemalloc
 from typing import Any
 
 import aiohttp
 import pytest
 
+from tests.component.test_fast_lane import Conn, request
 from tests.component.test_pitfalls import pod
 from tests.harness import running_proxy, wait_for
 
@@ -131,3 +134,75 @@ async def test_a_batch_too_big_to_hold_is_streamed_to_its_members_from_its_one_u
         assert fast_lane is not None and fast_lane.served == (
             5 if connection == "keep-alive" else 0
         )
+
+
+async def slow_connection(port: int) -> Conn:
+    """A raw keep-alive connection with a small receive buffer, so that what the client does
+    not read waits in the proxy, not in the kernel."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+    return Conn(*await asyncio.open_connection(sock=sock))
+
+
+async def batch_peak(tmp_path: Any, members: int) -> tuple[int, int]:
+    """One held LIST, then ``members`` slow clients that share the next batch of an 8 MB
+    collection and read nothing until all of them have been answered: the answer's size and
+    the peak of what Python allocated meanwhile (tracemalloc; the fake apiserver runs in this
+    process too, and its encoding of the answer counts the same in every run)."""
+    async with running_proxy(tmp_path) as running:
+        fake, metrics = running.fake, running.proxy.metrics.registry
+        for i in range(200):  # 200 x 40 KB
+            obj = {"metadata": {"name": f"cm-{i:03}"}, "data": {"v": "x" * 40_000}}
+            fake.store.create("configmaps", "default", obj)
+        ask = request("GET", "/api/v1/namespaces/default/configmaps", Accept_Encoding="identity")
+        first = await Conn.open(running.proxy.api_port)
+        fake.faults.hold_lists(True)
+        first.send(ask)
+        await wait_for(lambda: fake.faults.lists_held == 1, what="the first LIST upstream")
+        slow = [await slow_connection(running.proxy.api_port) for _ in range(members)]
+        for conn in slow:
+            conn.send(ask)
+        await wait_for(
+            lambda: (
+                metrics.get_sample_value("watchproxy_requests_in_flight", {"kind": "request"})
+                == members + 1
+            ),
+            what="all LISTs in watchproxy",
+        )
+        tracemalloc.start()
+        try:
+            fake.faults.hold_lists(False)
+            status, _, body = await first.answer()
+            assert status == 200
+            size = len(body)
+            del body
+            await wait_for(
+                lambda: metrics.get_sample_value("watchproxy_lists_batched_total") == members + 1,
+                what="the batch answered",
+            )
+            for conn in slow:  # read one at a time: the others wait meanwhile
+                status, _, body = await conn.answer()
+                assert (status, len(body)) == (200, size)
+                del body
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        for conn in [first, *slow]:
+            conn.close()
+    return size, peak
+
+
+async def test_slow_members_of_a_batch_cost_a_window_each_not_a_copy_of_the_answer(
+    tmp_path: Any,
+) -> None:
+    (tmp_path / "one").mkdir()
+    (tmp_path / "six").mkdir()
+    size, alone = await batch_peak(tmp_path / "one", 1)
+    _, six = await batch_peak(tmp_path / "six", 6)
+    print(f"answer {size / 2**20:.1f} MiB; peak with 1 slow member {alone / 2**20:.1f} MiB,")
+    print(f"with 6 {six / 2**20:.1f} MiB: {(six - alone) / 5 / 2**20:.2f} MiB per extra member")
+    # Five more members, each a window (a piece of the answer in its socket's buffer), not a
+    # copy of the answer: together less than one answer.
+    assert six - alone < size, (size, alone, six)

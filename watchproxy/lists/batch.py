@@ -96,6 +96,10 @@ class Answer:
 # How long the members of a streamed batch may all be kept waiting by its slowest one (the
 # producer's window full) before that one is cut: as long as a slow watcher is given.
 SLOW_READER_SECONDS = 30.0
+# A whole answer larger than this is written to each member in pieces of this size, each once
+# its client took the last (web.Response would hand the transport all of it, one copy per slow
+# client).
+PACED_BODY_BYTES = 256 * 1024
 
 
 class Streamed:
@@ -181,6 +185,8 @@ class ListBatcher:
             return None
         if isinstance(answer, StreamedAnswer):
             return await _stream(request, answer)
+        if len(answer.body) > PACED_BODY_BYTES:
+            return await _paced(request, answer)
         response = web.Response(status=answer.status, reason=answer.reason, body=answer.body)
         response.headers.extend(answer.headers)
         return response
@@ -358,6 +364,21 @@ class ListBatcher:
             batch.answer.set_result(Streamed(status, reason, headers, shared))
         self._metrics.list_batches_streamed.inc()
         return shared
+
+
+async def _paced(request: web.Request, answer: Answer) -> web.StreamResponse:
+    """A large whole answer written by aiohttp's server in pieces, each once the client has
+    taken the last: the batch's members share its one body, and a slow client holds one piece
+    in its buffer, not a copy of the whole."""
+    response = web.StreamResponse(status=answer.status, reason=answer.reason)
+    response.headers.extend(answer.headers)
+    response.content_length = len(answer.body)
+    await response.prepare(request)
+    body = answer.body
+    for start in range(0, len(body), PACED_BODY_BYTES):
+        await response.write(body[start : start + PACED_BODY_BYTES])
+    await response.write_eof()
+    return response
 
 
 async def _stream(request: web.Request, answer: StreamedAnswer) -> web.StreamResponse:

@@ -55,6 +55,9 @@ _SERVED = frozenset(
     }
 )
 _LAST_CHUNK = b"0\r\n\r\n"
+# big-lists: a whole answer larger than this is written in pieces of this size, each after the
+# client took the last (see _write_paced).
+PACED_BODY_BYTES = 256 * 1024
 # Answers that never have a body (RFC 9112 section 6.3).
 _NO_BODY = frozenset({204, 304})
 # Admission decisions remembered, by (method, target, Host). A controller sends the same few
@@ -223,10 +226,15 @@ class FastLane:
                 self.handler.check_client_limit(client.remote, route.verb)
                 for kind in route.kinds[:-1]:  # the LIST services, before the pass-through
                     listed = await self._list(kind, route, head, key)
-                    # big-lists: a batch's answer too big to hold whole, streamed to it.
+                    # big-lists: a batch's answer too big to hold whole, streamed to it; a
+                    # large one held whole, written from the shared bytes at the client's pace.
                     if isinstance(listed, StreamedAnswer):
                         sent.status = listed.status
                         await self._write_streamed(listed, client)
+                        return
+                    if isinstance(listed, Answer) and len(listed.body) > PACED_BODY_BYTES:
+                        sent.status = listed.status
+                        await self._write_paced(listed, client)
                         return
                     # end big-lists
                     if listed is not None:
@@ -306,6 +314,24 @@ class FastLane:
         client.write(head + body)
 
     # big-lists: a batch's answer streamed from shared chunks (lists/sharedbody.py).
+    async def _write_paced(self, answer: Answer, client: ClientConnection) -> None:
+        """Write a large answer in pieces, each once the client has taken the last: every
+        member of a batch writes from the one body, and a slow client holds a piece of it in
+        its transport's buffer, not a copy of the whole (``head + body`` was one per client)."""
+        body = answer.body
+        client.write(
+            response_head(
+                answer.status,
+                answer.reason,
+                answer.headers,
+                length=len(body),
+                close=self.handler.draining,
+            )
+        )
+        for start in range(0, len(body), PACED_BODY_BYTES):
+            client.write(body[start : start + PACED_BODY_BYTES])
+            await client.drain()
+
     async def _write_streamed(self, answer: StreamedAnswer, client: ClientConnection) -> None:
         """Write a batch's streamed answer at the pace the client reads it."""
         try:
