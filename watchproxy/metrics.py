@@ -297,8 +297,7 @@ class Metrics:
         )  # fmt: skip
         self.list_batches_streamed = add(
             LoopCounter, "watchproxy_list_batches_streamed",
-            "Batches whose answer outgrew limits.list_batch_max_bytes and was streamed to "
-            "their members from the one upstream LIST instead of held whole.",
+            "Batches whose answer outgrew limits.list_batch_max_bytes, streamed to their members.",
         )  # fmt: skip
         self.consistent_lists = add(
             Counter,

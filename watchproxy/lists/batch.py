@@ -34,7 +34,15 @@ from watchproxy.hub.multiplexer import Headers
 from watchproxy.kube.apipath import canonical_target
 from watchproxy.kube.headers import response_headers
 from watchproxy.lists.ports import ListRequest
-from watchproxy.lists.sharedbody import ReaderCut, SharedBody
+from watchproxy.lists.sharedbody import (
+    PACED_BODY_BYTES,
+    SLOW_READER_SECONDS,
+    SharedBody,
+    Streamed,
+    StreamedAnswer,
+    paced,
+    stream,
+)
 from watchproxy.metrics import Metrics
 from watchproxy.upstream.client import Upstream
 
@@ -93,52 +101,6 @@ class Answer:
     body: bytes
 
 
-# How long the members of a streamed batch may all be kept waiting by its slowest one (the
-# producer's window full) before that one is cut: as long as a slow watcher is given.
-SLOW_READER_SECONDS = 30.0
-# A whole answer larger than this is written to each member in pieces of this size, each once
-# its client took the last (web.Response would hand the transport all of it, one copy per slow
-# client).
-PACED_BODY_BYTES = 256 * 1024
-
-
-class Streamed:
-    """A batch's answer too big to hold whole: its head, and its body shared by the batch's
-    members as it arrives. Each member :meth:`claim` s its reader once."""
-
-    def __init__(self, status: int, reason: str, headers: CIMultiDict[str], body: SharedBody):
-        self.status = status
-        self.reason = reason
-        self.headers = headers
-        self.body = body
-        self._claimed = 0
-
-    def claim(self) -> StreamedAnswer:
-        reader = self._claimed
-        self._claimed += 1
-        return StreamedAnswer(self, reader)
-
-
-class StreamedAnswer:
-    """One member's view of a :class:`Streamed` answer: :meth:`next` until None, then (or
-    when its client leaves) :meth:`leave`."""
-
-    def __init__(self, shared: Streamed, reader: int) -> None:
-        self.status = shared.status
-        self.reason = shared.reason
-        self.headers = shared.headers
-        self._body = shared.body
-        self._reader = reader
-
-    async def next(self) -> bytes | None:
-        """The next piece of the body; None at its end. Raises ``ReaderCut``: the client read
-        too slowly, or the upstream body broke (the client's answer cannot be completed)."""
-        return await self._body.read(self._reader)
-
-    def leave(self) -> None:
-        self._body.leave(self._reader)
-
-
 @dataclass(slots=True)
 class Batch:
     path: str
@@ -184,9 +146,9 @@ class ListBatcher:
         if answer is None:
             return None
         if isinstance(answer, StreamedAnswer):
-            return await _stream(request, answer)
+            return await stream(request, answer)
         if len(answer.body) > PACED_BODY_BYTES:
-            return await _paced(request, answer)
+            return await paced(request, answer.status, answer.reason, answer.headers, answer.body)
         response = web.Response(status=answer.status, reason=answer.reason, body=answer.body)
         response.headers.extend(answer.headers)
         return response
@@ -364,39 +326,3 @@ class ListBatcher:
             batch.answer.set_result(Streamed(status, reason, headers, shared))
         self._metrics.list_batches_streamed.inc()
         return shared
-
-
-async def _paced(request: web.Request, answer: Answer) -> web.StreamResponse:
-    """A large whole answer written by aiohttp's server in pieces, each once the client has
-    taken the last: the batch's members share its one body, and a slow client holds one piece
-    in its buffer, not a copy of the whole."""
-    response = web.StreamResponse(status=answer.status, reason=answer.reason)
-    response.headers.extend(answer.headers)
-    response.content_length = len(answer.body)
-    await response.prepare(request)
-    body = answer.body
-    for start in range(0, len(body), PACED_BODY_BYTES):
-        await response.write(body[start : start + PACED_BODY_BYTES])
-    await response.write_eof()
-    return response
-
-
-async def _stream(request: web.Request, answer: StreamedAnswer) -> web.StreamResponse:
-    """A streamed batch answer written by aiohttp's server, at the pace the client reads."""
-    response = web.StreamResponse(status=answer.status, reason=answer.reason)
-    response.headers.extend(answer.headers)
-    try:
-        await response.prepare(request)
-        while True:
-            chunk = await answer.next()
-            if chunk is None:
-                break
-            await response.write(chunk)
-        await response.write_eof()
-    except ReaderCut as cut:
-        log.info("a streamed batch LIST was cut: %s", cut)
-        if request.transport is not None:
-            request.transport.abort()  # a body that cannot be completed must not look whole
-    finally:
-        answer.leave()
-    return response

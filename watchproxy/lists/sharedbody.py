@@ -12,6 +12,21 @@ slow client costs at most the window, and the others go on.
 from __future__ import annotations
 
 import asyncio
+import logging
+from typing import Protocol
+
+from aiohttp import web
+from multidict import CIMultiDict
+
+log = logging.getLogger("watchproxy.passthrough")
+
+# How long the members of a streamed batch may all be kept waiting by its slowest one (the
+# producer's window full) before that one is cut: as long as a slow watcher is given.
+SLOW_READER_SECONDS = 30.0
+# A whole answer larger than this is written to each member in pieces of this size, each once
+# its client took the last (one write would hand the transport all of it: a copy per slow
+# client).
+PACED_BODY_BYTES = 256 * 1024
 
 
 class ReaderCut(Exception):
@@ -107,3 +122,118 @@ class SharedBody:
             del self._chunks[:drop]
             self._first = slowest
         self._advanced.set()
+
+
+class Streamed:
+    """A batch's answer too big to hold whole: its head, and its body shared by the batch's
+    members as it arrives. Each member :meth:`claim` s its reader once."""
+
+    def __init__(self, status: int, reason: str, headers: CIMultiDict[str], body: SharedBody):
+        self.status = status
+        self.reason = reason
+        self.headers = headers
+        self.body = body
+        self._claimed = 0
+
+    def claim(self) -> StreamedAnswer:
+        reader = self._claimed
+        self._claimed += 1
+        return StreamedAnswer(self, reader)
+
+
+class StreamedAnswer:
+    """One member's view of a :class:`Streamed` answer: :meth:`next` until None, then (or
+    when its client leaves) :meth:`leave`."""
+
+    def __init__(self, shared: Streamed, reader: int) -> None:
+        self.status = shared.status
+        self.reason = shared.reason
+        self.headers = shared.headers
+        self._body = shared.body
+        self._reader = reader
+
+    async def next(self) -> bytes | None:
+        """The next piece of the body; None at its end. Raises ``ReaderCut``: the client read
+        too slowly, or the upstream body broke (the client's answer cannot be completed)."""
+        return await self._body.read(self._reader)
+
+    def leave(self) -> None:
+        self._body.leave(self._reader)
+
+
+async def paced(
+    request: web.Request, status: int, reason: str, headers: CIMultiDict[str], body: bytes
+) -> web.StreamResponse:
+    """A large whole answer written by aiohttp's server in pieces, each once the client has
+    taken the last: the batch's members share its one body, and a slow client holds one piece
+    in its buffer, not a copy of the whole."""
+    response = web.StreamResponse(status=status, reason=reason)
+    response.headers.extend(headers)
+    response.content_length = len(body)
+    await response.prepare(request)
+    for start in range(0, len(body), PACED_BODY_BYTES):
+        await response.write(body[start : start + PACED_BODY_BYTES])
+    await response.write_eof()
+    return response
+
+
+async def stream(request: web.Request, answer: StreamedAnswer) -> web.StreamResponse:
+    """A streamed batch answer written by aiohttp's server, at the pace the client reads."""
+    response = web.StreamResponse(status=answer.status, reason=answer.reason)
+    response.headers.extend(answer.headers)
+    try:
+        await response.prepare(request)
+        while True:
+            chunk = await answer.next()
+            if chunk is None:
+                break
+            await response.write(chunk)
+        await response.write_eof()
+    except ReaderCut as cut:
+        log.info("a streamed batch LIST was cut: %s", cut)
+        if request.transport is not None:
+            request.transport.abort()  # a body that cannot be completed must not look whole
+    finally:
+        answer.leave()
+    return response
+
+
+class Writer(Protocol):
+    """A client's connection as the fast lane writes to it (``server.fastlane``)."""
+
+    def write(self, data: bytes) -> None: ...
+
+    async def drain(self) -> None: ...
+
+    def abort(self) -> None: ...
+
+
+class WholeBody(Protocol):
+    @property
+    def body(self) -> bytes: ...
+
+
+async def write_answer(answer: StreamedAnswer | WholeBody, head: bytes, client: Writer) -> None:
+    """Write ``head``, then a streamed answer (chunked) or a large whole one (its declared
+    length) in pieces, each once the client took the last: the fast lane's writer."""
+    client.write(head)
+    if not isinstance(answer, StreamedAnswer):
+        body = answer.body
+        for start in range(0, len(body), PACED_BODY_BYTES):
+            client.write(body[start : start + PACED_BODY_BYTES])
+            await client.drain()
+        return
+    try:
+        while True:
+            chunk = await answer.next()
+            if chunk is None:
+                break
+            if chunk:
+                client.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+                await client.drain()
+        client.write(b"0\r\n\r\n")
+    except ReaderCut as cut:
+        log.info("a streamed batch LIST was cut: %s", cut)
+        client.abort()  # a body that cannot be completed must not look whole
+    finally:
+        answer.leave()

@@ -20,8 +20,9 @@ from aiohttp import web
 from watchproxy.errors import ProxyError, TooManyRequests
 from watchproxy.kube.apipath import ApiPath
 from watchproxy.kube.watchquery import QUICK_END_SECONDS, WatchQuery
-from watchproxy.lists.batch import Answer, StreamedAnswer
+from watchproxy.lists.batch import Answer
 from watchproxy.lists.ports import ListRequest
+from watchproxy.lists.sharedbody import StreamedAnswer
 from watchproxy.metrics import Metrics
 from watchproxy.policy.access import AccessPolicy
 from watchproxy.policy.clientlimits import ErroredWatchLimiter

@@ -32,8 +32,8 @@ from yarl import URL
 
 from watchproxy.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable, status_bytes
 from watchproxy.kube.headers import response_headers
-from watchproxy.lists.batch import Answer, StreamedAnswer
-from watchproxy.lists.sharedbody import ReaderCut
+from watchproxy.lists.batch import Answer
+from watchproxy.lists.sharedbody import PACED_BODY_BYTES, StreamedAnswer, write_answer
 from watchproxy.policy.fairqueue import flow
 from watchproxy.server.api import ApiHandler, flow_key
 from watchproxy.server.clientgone import CLIENT_CLOSED_REQUEST, EndsWithClient
@@ -55,9 +55,6 @@ _SERVED = frozenset(
     }
 )
 _LAST_CHUNK = b"0\r\n\r\n"
-# big-lists: a whole answer larger than this is written in pieces of this size, each after the
-# client took the last (see _write_paced).
-PACED_BODY_BYTES = 256 * 1024
 # Answers that never have a body (RFC 9112 section 6.3).
 _NO_BODY = frozenset({204, 304})
 # Admission decisions remembered, by (method, target, Host). A controller sends the same few
@@ -228,13 +225,20 @@ class FastLane:
                     listed = await self._list(kind, route, head, key)
                     # big-lists: a batch's answer too big to hold whole, streamed to it; a
                     # large one held whole, written from the shared bytes at the client's pace.
-                    if isinstance(listed, StreamedAnswer):
+                    if isinstance(listed, StreamedAnswer) or (
+                        isinstance(listed, Answer) and len(listed.body) > PACED_BODY_BYTES
+                    ):
                         sent.status = listed.status
-                        await self._write_streamed(listed, client)
-                        return
-                    if isinstance(listed, Answer) and len(listed.body) > PACED_BODY_BYTES:
-                        sent.status = listed.status
-                        await self._write_paced(listed, client)
+                        length = None if isinstance(listed, StreamedAnswer) else len(listed.body)
+                        answer_head = response_head(
+                            listed.status,
+                            listed.reason,
+                            listed.headers,
+                            length=length,
+                            chunked=length is None,
+                            close=self.handler.draining,
+                        )
+                        await write_answer(listed, answer_head, client)
                         return
                     # end big-lists
                     if listed is not None:
@@ -312,53 +316,6 @@ class FastLane:
             response.status, reason, headers, length=len(body), close=self.handler.draining
         )
         client.write(head + body)
-
-    # big-lists: a batch's answer streamed from shared chunks (lists/sharedbody.py).
-    async def _write_paced(self, answer: Answer, client: ClientConnection) -> None:
-        """Write a large answer in pieces, each once the client has taken the last: every
-        member of a batch writes from the one body, and a slow client holds a piece of it in
-        its transport's buffer, not a copy of the whole (``head + body`` was one per client)."""
-        body = answer.body
-        client.write(
-            response_head(
-                answer.status,
-                answer.reason,
-                answer.headers,
-                length=len(body),
-                close=self.handler.draining,
-            )
-        )
-        for start in range(0, len(body), PACED_BODY_BYTES):
-            client.write(body[start : start + PACED_BODY_BYTES])
-            await client.drain()
-
-    async def _write_streamed(self, answer: StreamedAnswer, client: ClientConnection) -> None:
-        """Write a batch's streamed answer at the pace the client reads it."""
-        try:
-            client.write(
-                response_head(
-                    answer.status,
-                    answer.reason,
-                    answer.headers,
-                    chunked=True,
-                    close=self.handler.draining,
-                )
-            )
-            while True:
-                chunk = await answer.next()
-                if chunk is None:
-                    break
-                if chunk:
-                    client.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
-                    await client.drain()
-            client.write(_LAST_CHUNK)
-        except ReaderCut as cut:
-            log.info("a streamed batch LIST was cut: %s", cut)
-            client.abort()  # a body that cannot be completed must not look whole
-        finally:
-            answer.leave()
-
-    # end big-lists
 
     async def _relay(
         self, head: RequestHead, upstream: UpstreamResponse, client: ClientConnection, sent: _Sent
