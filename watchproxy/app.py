@@ -144,7 +144,13 @@ class Proxy:
         self.hub: Hub | None = None
         if config.hub.enabled:
             self.hub = Hub(
-                source=UpstreamWatchSource(self.upstream, config.upstream),
+                source=UpstreamWatchSource(
+                    self.upstream,
+                    config.upstream,
+                    # A LIST page that inflates past the whole cache budget could not be kept
+                    # anyway: decoding stops there (the key is not shared, see hub/fetcher.py).
+                    max_decoded_body=config.hub.cache_max_bytes or None,
+                ),
                 health=self.connectivity,
                 hub_config=config.hub,
                 backoff_policy=backoff_policy(config),

@@ -88,6 +88,11 @@ class UpstreamUnavailable(ProxyError):
     reason = "ServiceUnavailable"
 
 
+class UpstreamBodyTooLarge(UpstreamUnavailable):
+    """A compressed upstream answer that inflates past what its reader may hold (a page of a
+    LIST bigger than the hub's whole cache budget, or a gzip bomb)."""
+
+
 class UpstreamTimeout(ProxyError):
     code = 504
     reason = "Timeout"

@@ -295,6 +295,10 @@ class Metrics:
             LoopCounter, "watchproxy_list_batches",
             "Upstream LISTs sent for batches of identical LIST requests (see lists_batched).",
         )  # fmt: skip
+        self.list_batches_streamed = add(
+            LoopCounter, "watchproxy_list_batches_streamed",
+            "Batches whose answer outgrew limits.list_batch_max_bytes, streamed to their members.",
+        )  # fmt: skip
         self.consistent_lists = add(
             Counter,
             "watchproxy_consistent_lists",

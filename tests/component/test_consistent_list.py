@@ -190,6 +190,7 @@ async def test_a_quiet_collection_is_listed_upstream_without_a_probe(tmp_path: A
             assert names(await get(session, running.url + PODS)) == ["only"]
         assert outcome(running, "quiet") == 1 and outcome(running, "hub") == 0
         assert upstream_lists(running, "1") == []
+        assert len(upstream_lists(running)) == 1  # the client's LIST, once
 
 
 async def test_a_watch_that_does_not_catch_up_sends_the_list_upstream(tmp_path: Any) -> None:
@@ -205,6 +206,10 @@ async def test_a_watch_that_does_not_catch_up_sends_the_list_upstream(tmp_path: 
             body = await get(session, running.url + PODS)
             assert "unseen" in names(body)
         assert outcome(running, "behind") == 1
+        # What this fallback costs upstream: the probe (shared by the LISTs waiting with it)
+        # and the client's LIST, sent once.
+        assert len(upstream_lists(running, "1")) == 1
+        assert len(upstream_lists(running)) == 1
 
 
 async def test_a_list_in_pages_is_answered_by_the_hub_at_one_revision(tmp_path: Any) -> None:

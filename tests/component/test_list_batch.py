@@ -7,10 +7,14 @@ requests are in flight upstream is decided by the test, not by timing.
 from __future__ import annotations
 
 import asyncio
+import socket
+import tracemalloc
 from typing import Any
 
 import aiohttp
+import pytest
 
+from tests.component.test_fast_lane import Conn, request
 from tests.component.test_pitfalls import pod
 from tests.harness import running_proxy, wait_for
 
@@ -73,3 +77,132 @@ async def test_lists_that_differ_in_what_they_ask_are_not_batched(tmp_path: Any)
                 bodies.append(await response.json())
         assert [names(b) for b in bodies] == [["a", "b"], ["a"], ["a"]]
         assert bodies[2]["metadata"]["continue"]
+
+
+def big_configmap(name: str) -> dict[str, Any]:
+    return {"metadata": {"name": name}, "data": {"v": name * 4000}}
+
+
+@pytest.mark.parametrize("connection", ["keep-alive", "close"], ids=["fast-lane", "aiohttp"])
+async def test_a_batch_too_big_to_hold_is_streamed_to_its_members_from_its_one_upstream_list(
+    tmp_path: Any, connection: str
+) -> None:
+    """A batch whose answer outgrows ``limits.list_batch_max_bytes`` hands what it read, and
+    then the rest as it arrives, to every member: no member sends its LIST again."""
+    overrides = {"limits.list_batch_max_bytes": 64 * 1024}
+    async with (
+        running_proxy(tmp_path, overrides) as running,
+        aiohttp.ClientSession() as session,
+    ):
+        fake, metrics = running.fake, running.proxy.metrics.registry
+        for i in range(60):  # about 1.2 MB of JSON: past the batch's limit
+            fake.store.create("configmaps", "default", big_configmap(f"cm-{i:02}"))
+        url = running.url + "/api/v1/namespaces/default/configmaps"
+        # A request that closes its connection is aiohttp's to serve, not the fast lane's.
+        headers = {"Accept-Encoding": "identity", "Connection": connection}
+
+        def lists_upstream() -> int:
+            return len(
+                [r for r in fake.stats.requests if r.path.endswith("/configmaps") and not r.watch]
+            )
+
+        async def list_names() -> list[str]:
+            async with session.get(url, headers=headers) as response:
+                assert response.status == 200, await response.text()
+                return names(await response.json())
+
+        expected = [f"cm-{i:02}" for i in range(60)]
+        # One client alone: one upstream LIST, not a batch's and then its own.
+        assert await list_names() == expected
+        assert lists_upstream() == 1
+        # One held LIST in flight, then three identical ones: they share the next batch.
+        fake.faults.hold_lists(True)
+        first = asyncio.ensure_future(list_names())
+        await wait_for(lambda: fake.faults.lists_held == 1, what="the first LIST upstream")
+        later = [asyncio.ensure_future(list_names()) for _ in range(3)]
+        await wait_for(
+            lambda: (
+                metrics.get_sample_value("watchproxy_requests_in_flight", {"kind": "request"}) == 4
+            ),
+            what="all 4 LISTs in watchproxy",
+        )
+        fake.faults.hold_lists(False)
+        assert await asyncio.gather(first, *later) == [expected] * 4
+        assert lists_upstream() == 1 + 2  # before: 1 + 2 batches + 4 LISTs passed through
+        assert metrics.get_sample_value("watchproxy_list_batches_streamed_total") == 3
+        fast_lane = running.proxy.fast_lane
+        assert fast_lane is not None and fast_lane.served == (
+            5 if connection == "keep-alive" else 0
+        )
+
+
+async def slow_connection(port: int) -> Conn:
+    """A raw keep-alive connection with a small receive buffer, so that what the client does
+    not read waits in the proxy, not in the kernel."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+    return Conn(*await asyncio.open_connection(sock=sock))
+
+
+async def batch_peak(tmp_path: Any, members: int) -> tuple[int, int]:
+    """One held LIST, then ``members`` slow clients that share the next batch of an 8 MB
+    collection and read nothing until all of them have been answered: the answer's size and
+    the peak of what Python allocated meanwhile (tracemalloc; the fake apiserver runs in this
+    process too, and its encoding of the answer counts the same in every run)."""
+    async with running_proxy(tmp_path) as running:
+        fake, metrics = running.fake, running.proxy.metrics.registry
+        for i in range(200):  # 200 x 40 KB
+            obj = {"metadata": {"name": f"cm-{i:03}"}, "data": {"v": "x" * 40_000}}
+            fake.store.create("configmaps", "default", obj)
+        ask = request("GET", "/api/v1/namespaces/default/configmaps", Accept_Encoding="identity")
+        first = await Conn.open(running.proxy.api_port)
+        fake.faults.hold_lists(True)
+        first.send(ask)
+        await wait_for(lambda: fake.faults.lists_held == 1, what="the first LIST upstream")
+        slow = [await slow_connection(running.proxy.api_port) for _ in range(members)]
+        for conn in slow:
+            conn.send(ask)
+        await wait_for(
+            lambda: (
+                metrics.get_sample_value("watchproxy_requests_in_flight", {"kind": "request"})
+                == members + 1
+            ),
+            what="all LISTs in watchproxy",
+        )
+        tracemalloc.start()
+        try:
+            fake.faults.hold_lists(False)
+            status, _, body = await first.answer()
+            assert status == 200
+            size = len(body)
+            del body
+            await wait_for(
+                lambda: metrics.get_sample_value("watchproxy_lists_batched_total") == members + 1,
+                what="the batch answered",
+            )
+            for conn in slow:  # read one at a time: the others wait meanwhile
+                status, _, body = await conn.answer()
+                assert (status, len(body)) == (200, size)
+                del body
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        for conn in [first, *slow]:
+            conn.close()
+    return size, peak
+
+
+async def test_slow_members_of_a_batch_cost_a_window_each_not_a_copy_of_the_answer(
+    tmp_path: Any,
+) -> None:
+    (tmp_path / "one").mkdir()
+    (tmp_path / "six").mkdir()
+    size, alone = await batch_peak(tmp_path / "one", 1)
+    _, six = await batch_peak(tmp_path / "six", 6)
+    print(f"answer {size / 2**20:.1f} MiB; peak with 1 slow member {alone / 2**20:.1f} MiB,")
+    print(f"with 6 {six / 2**20:.1f} MiB: {(six - alone) / 5 / 2**20:.2f} MiB per extra member")
+    # Five more members, each a window (a piece of the answer in its socket's buffer), not a
+    # copy of the answer: together less than one answer.
+    assert six - alone < size, (size, alone, six)

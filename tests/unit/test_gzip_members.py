@@ -9,7 +9,13 @@ import zlib
 
 import pytest
 
-from watchproxy.upstream.bodies import BadBody, GzipMembers
+from watchproxy.upstream.bodies import (
+    DECODED_PIECE_BYTES,
+    BadBody,
+    BodyTooLarge,
+    GzipMembers,
+    decoded_whole,
+)
 
 
 def members(lines: list[bytes]) -> bytes:
@@ -79,3 +85,23 @@ def test_a_raw_deflate_member_is_not_accepted_as_gzip() -> None:
     deflated = zlib.compress(event(1))
     with pytest.raises(BadBody):
         GzipMembers().feed(deflated)
+
+
+def test_inflation_yields_bounded_pieces_however_much_one_read_expands() -> None:
+    # 64 MiB of one byte compress to about 64 KiB: one read that would inflate a thousandfold.
+    compressor = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    body = b"".join(compressor.compress(b"x" * (1 << 20)) for _ in range(64))
+    body += compressor.flush() + gzip.compress(b"end")
+    members = GzipMembers()
+    sizes = [len(piece) for piece in members.pieces(body)]
+    members.finish()
+    assert max(sizes) <= DECODED_PIECE_BYTES
+    assert sum(sizes) == 64 * (1 << 20) + 3
+    assert members.members == 2
+
+
+def test_inflation_past_the_total_bound_raises_body_too_large() -> None:
+    body = gzip.compress(b" " * (8 << 20))
+    with pytest.raises(BodyTooLarge, match="inflates past 1048576 bytes"):
+        decoded_whole(body, "gzip", 1 << 20)
+    assert decoded_whole(body, "gzip", 8 << 20) == b" " * (8 << 20)  # the bound itself is fine

@@ -18,7 +18,7 @@ from collections.abc import AsyncGenerator, Callable
 from http import HTTPStatus
 from typing import Any
 
-from watchproxy.errors import ProxyError
+from watchproxy.errors import ProxyError, UpstreamBodyTooLarge
 from watchproxy.hub import cachestate
 from watchproxy.hub.cachetypes import ListedObject, parse_rv
 from watchproxy.hub.outcomes import (
@@ -134,6 +134,10 @@ class Fetcher:
                 return self._broken(error)
             try:
                 body = await answer.body()
+            except UpstreamBodyTooLarge as error:
+                if action.relist:  # a shared key's relist: an upstream error, retried
+                    return self._broken(error)
+                return Unshareable(NotShared.CACHE_FULL)  # one page beyond the whole budget
             except ProxyError as error:
                 return self._broken(error)
             finally:

@@ -9,12 +9,14 @@ fresh as each of them asked for. At most one upstream LIST per key is in flight 
 waits; N clients listing at once cost the apiserver two LISTs, not N.
 
 Only first pages are batched (a ``continue`` token is one client's), and only answers up to
-``max_bytes``: a batch whose answer is larger hands every member back to the ordinary
-pass-through, each with its own request. A batch that gets no answer (refused by the rate
-limiter, the apiserver unreachable, the body cut) fails every member with that error, as the
-pass-through would have: nothing is retried behind the client's back. A batch whose members have
-all left (their clients closed their connections) is dropped, and its upstream request ended,
-as a pass-through LIST would have been.
+``max_bytes`` are held whole: a batch whose answer is larger goes on from where it is, its one
+upstream answer streamed to every member (``lists.sharedbody``: what was read, then the rest as
+it arrives, at most ``max_bytes`` held for the slowest member), so no member sends its LIST
+again: one upstream LIST per batch, whatever its size. A batch that gets no answer (refused
+by the rate limiter, the apiserver unreachable, the body cut) fails every member with that
+error, as the pass-through would have: nothing is retried behind the client's back. A batch
+whose members have all left (their clients closed their connections) is dropped, and its
+upstream request ended, as a pass-through LIST would have been.
 """
 
 from __future__ import annotations
@@ -32,6 +34,15 @@ from watchproxy.hub.multiplexer import Headers
 from watchproxy.kube.apipath import canonical_target
 from watchproxy.kube.headers import response_headers
 from watchproxy.lists.ports import ListRequest
+from watchproxy.lists.sharedbody import (
+    PACED_BODY_BYTES,
+    SLOW_READER_SECONDS,
+    SharedBody,
+    Streamed,
+    StreamedAnswer,
+    paced,
+    stream,
+)
 from watchproxy.metrics import Metrics
 from watchproxy.upstream.client import Upstream
 
@@ -95,7 +106,7 @@ class Batch:
     path: str
     headers: CIMultiDict[str]
     forwarded_auth: str | None
-    answer: asyncio.Future[Answer | ProxyError | None]
+    answer: asyncio.Future[Answer | Streamed | ProxyError | None]
     counted_in: Counting  # the metric that counts this batch's upstream request
     members: int = 0  # requests waiting for the answer
     fetch: asyncio.Task[None] | None = None  # its upstream request, once sent
@@ -110,10 +121,14 @@ class _KeyState:
 class ListBatcher:
     """Owns the upstream LIST tasks of every batch; :meth:`close` cancels and awaits them."""
 
-    def __init__(self, forwarder: Outgoing, *, max_bytes: int, metrics: Metrics) -> None:
+    def __init__(
+        self, forwarder: Outgoing, *, max_bytes: int, metrics: Metrics, stream: bool = True
+    ) -> None:
         self.forwarder = forwarder  # its upstream, and which headers go there
         self.upstream = forwarder.upstream
         self.max_bytes = max_bytes
+        # An answer over max_bytes is streamed to the members (else: None, they pass through).
+        self.stream = stream
         self._keys: dict[Key, _KeyState] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._metrics = metrics
@@ -124,17 +139,21 @@ class ListBatcher:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    async def serve(self, request: ListRequest) -> web.Response | None:
+    async def serve(self, request: web.Request) -> web.StreamResponse | None:
         """The answer of this request's batch as aiohttp's server sends it; None: pass it
         through on its own."""
         answer = await self.answer(request)
         if answer is None:
             return None
+        if isinstance(answer, StreamedAnswer):
+            return await stream(request, answer)
+        if len(answer.body) > PACED_BODY_BYTES:
+            return await paced(request, answer.status, answer.reason, answer.headers, answer.body)
         response = web.Response(status=answer.status, reason=answer.reason, body=answer.body)
         response.headers.extend(answer.headers)
         return response
 
-    async def answer(self, request: ListRequest) -> Answer | None:
+    async def answer(self, request: ListRequest) -> Answer | StreamedAnswer | None:
         """The answer of this request's batch (the fast lane writes it as it is); None: pass
         it through on its own."""
         headers, auth = self.forwarder.outgoing_headers(request.headers)
@@ -155,7 +174,7 @@ class ListBatcher:
         auth: str | None,
         *,
         counted_in: Counting,
-    ) -> Answer | ProxyError | None:
+    ) -> Answer | StreamedAnswer | ProxyError | None:
         """The answer to ``GET path`` from an upstream request sent after this call began,
         shared with every identical call waiting at the same time; None: too big to share.
         ``path`` may be a client's target as it came: what goes upstream (and is shared) is its
@@ -180,12 +199,21 @@ class ListBatcher:
             else:
                 state.waiting = batch
         batch.members += 1
+        claimed = False
         try:
-            return await _outcome(batch.answer)
+            outcome = await _outcome(batch.answer)
+            if isinstance(outcome, Streamed):
+                claimed = True  # no await from here to the caller, who reads it or leaves it
+                return outcome.claim()
+            return outcome
         finally:
             batch.members -= 1
             if batch.members == 0 and not batch.answer.done():
                 self._abandon(key, state, batch)
+            elif not claimed and batch.answer.done() and not batch.answer.cancelled():
+                late = batch.answer.result()
+                if isinstance(late, Streamed):  # it left as the answer came: its reader too
+                    late.claim().leave()
 
     def _abandon(self, key: Key, state: _KeyState, batch: Batch) -> None:
         """Nobody waits for ``batch`` any more: it is not sent, or its request is ended."""
@@ -207,7 +235,7 @@ class ListBatcher:
         task.add_done_callback(self._tasks.discard)
 
     async def _fetch(self, key: Key, state: _KeyState, batch: Batch) -> None:
-        answer: Answer | ProxyError | None = None
+        answer: Answer | Streamed | ProxyError | None = None
         try:
             answer = await self._read(batch)
         finally:
@@ -220,7 +248,7 @@ class ListBatcher:
             elif self._keys.get(key) is state:
                 del self._keys[key]
 
-    async def _read(self, batch: Batch) -> Answer | ProxyError | None:
+    async def _read(self, batch: Batch) -> Answer | Streamed | ProxyError | None:
         try:
             upstream = await self.upstream.open(
                 "GET",
@@ -233,29 +261,68 @@ class ListBatcher:
         except ProxyError as error:
             return error
         ended = False
+        shared: SharedBody | None = None
         try:
-            length = upstream.content_length
-            if length is not None and length > self.max_bytes:
-                return None
-            body = upstream.whole_body()
-            if body is None:
-                chunks: list[bytes] = []
-                size = 0
-                async for chunk in upstream.chunks():
-                    size += len(chunk)
-                    if size > self.max_bytes:
-                        return None
-                    chunks.append(chunk)
-                body = b"".join(chunks)
-            ended = True
             headers = CIMultiDict(response_headers(upstream.headers, keep_length=False))
             headers.popall("Content-Length", None)
-            return Answer(upstream.status, upstream.reason, headers, body)
+            length = upstream.content_length
+            body = upstream.whole_body()
+            if body is not None and len(body) <= self.max_bytes:
+                ended = True
+                return Answer(upstream.status, upstream.reason, headers, body)
+            chunks: list[bytes] = [] if body is None else [body]
+            size = len(body) if body is not None else 0
+            if (length is not None and length > self.max_bytes) or size > self.max_bytes:
+                if not self.stream:
+                    return None
+                shared = self._share(batch, upstream.status, upstream.reason, headers, chunks)
+            if body is None:
+                # (No ``continue`` here: mypyc miscompiles one inside try/finally.)
+                async for chunk in upstream.chunks():
+                    if shared is not None:
+                        if not await shared.put(chunk):
+                            return None  # every member left: the upstream request ends
+                    else:
+                        size += len(chunk)
+                        chunks.append(chunk)
+                        if size > self.max_bytes:
+                            if not self.stream:
+                                return None
+                            shared = self._share(
+                                batch, upstream.status, upstream.reason, headers, chunks
+                            )
+                            chunks = []
+            ended = True
+            if shared is not None:
+                shared.end()
+                return None  # the members have it already
+            return Answer(upstream.status, upstream.reason, headers, b"".join(chunks))
         except ProxyError as error:
             log.info("a batched LIST broke: %s", error.message)
+            if shared is not None:
+                shared.end(error.message)
             return error
         finally:
+            if shared is not None and not ended:
+                shared.end("the shared answer ended early")  # cancelled: nobody reads it
             if ended:
                 upstream.release()
             else:
                 upstream.cut()
+
+    def _share(
+        self,
+        batch: Batch,
+        status: int,
+        reason: str,
+        headers: CIMultiDict[str],
+        chunks: list[bytes],
+    ) -> SharedBody:
+        """The batch's answer, too big to hold whole, given to its members as it goes on."""
+        shared = SharedBody(
+            chunks, batch.members, window=self.max_bytes, slow_seconds=SLOW_READER_SECONDS
+        )
+        if not batch.answer.done():
+            batch.answer.set_result(Streamed(status, reason, headers, shared))
+        self._metrics.list_batches_streamed.inc()
+        return shared

@@ -58,7 +58,9 @@ class ConsistentLists:
         self.access = access
         # Its own batcher: probes are shared even when limits.list_batch_max_bytes is 0. Only
         # its shared_answer is used, which counts each probe in freshness_probes.
-        self.probes = ListBatcher(forwarder, max_bytes=PROBE_MAX_BYTES, metrics=metrics)
+        self.probes = ListBatcher(
+            forwarder, max_bytes=PROBE_MAX_BYTES, metrics=metrics, stream=False
+        )
         self.wait = wait_seconds
         self.snapshots = Snapshots(clock)  # page 1 of each paged answer, for its continuations
         self.metrics = metrics

@@ -22,6 +22,7 @@ from watchproxy.kube.apipath import ApiPath
 from watchproxy.kube.watchquery import QUICK_END_SECONDS, WatchQuery
 from watchproxy.lists.batch import Answer
 from watchproxy.lists.ports import ListRequest
+from watchproxy.lists.sharedbody import StreamedAnswer
 from watchproxy.metrics import Metrics
 from watchproxy.policy.access import AccessPolicy
 from watchproxy.policy.clientlimits import ErroredWatchLimiter
@@ -74,9 +75,9 @@ class BatchedListServer(Protocol):
     """Answers identical LISTs in flight together with one upstream LIST, or returns None
     (an answer too big to share) to let the route's next kind answer."""
 
-    async def serve(self, request: ListRequest) -> web.Response | None: ...
+    async def serve(self, request: web.Request) -> web.StreamResponse | None: ...
 
-    async def answer(self, request: ListRequest) -> Answer | None:
+    async def answer(self, request: ListRequest) -> Answer | StreamedAnswer | None:
         """The same answer as it came, for the fast lane to write (no aiohttp response)."""
 
 
@@ -358,7 +359,7 @@ class ApiHandler:
         with flow(self._flow_of(request)):
             return await self.consistent_lists.serve(request, route.api_path, route.query)
 
-    async def _batched_list(self, request: web.Request, route: Route) -> web.Response | None:
+    async def _batched_list(self, request: web.Request, route: Route) -> web.StreamResponse | None:
         with flow(self._flow_of(request)):
             return await self.list_batcher.serve(request)
 

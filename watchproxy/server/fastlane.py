@@ -33,6 +33,7 @@ from yarl import URL
 from watchproxy.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable, status_bytes
 from watchproxy.kube.headers import response_headers
 from watchproxy.lists.batch import Answer
+from watchproxy.lists.sharedbody import PACED_BODY_BYTES, StreamedAnswer, write_answer
 from watchproxy.policy.fairqueue import flow
 from watchproxy.server.api import ApiHandler, flow_key
 from watchproxy.server.clientgone import CLIENT_CLOSED_REQUEST, EndsWithClient
@@ -222,6 +223,24 @@ class FastLane:
                 self.handler.check_client_limit(client.remote, route.verb)
                 for kind in route.kinds[:-1]:  # the LIST services, before the pass-through
                     listed = await self._list(kind, route, head, key)
+                    # big-lists: a batch's answer too big to hold whole, streamed to it; a
+                    # large one held whole, written from the shared bytes at the client's pace.
+                    if isinstance(listed, StreamedAnswer) or (
+                        isinstance(listed, Answer) and len(listed.body) > PACED_BODY_BYTES
+                    ):
+                        sent.status = listed.status
+                        length = None if isinstance(listed, StreamedAnswer) else len(listed.body)
+                        answer_head = response_head(
+                            listed.status,
+                            listed.reason,
+                            listed.headers,
+                            length=length,
+                            chunked=length is None,
+                            close=self.handler.draining,
+                        )
+                        await write_answer(listed, answer_head, client)
+                        return
+                    # end big-lists
                     if listed is not None:
                         self._write_response(listed, client)
                         sent.status = listed.status
@@ -271,7 +290,7 @@ class FastLane:
 
     async def _list(
         self, kind: RouteKind, route: Route, listing: RequestHead, key: tuple[str, str, str]
-    ) -> web.Response | Answer | None:
+    ) -> web.Response | Answer | StreamedAnswer | None:
         """One LIST service's answer, or None to let the route's next kind answer."""
         handler = self.handler
         assert route.api_path is not None and route.query is not None

@@ -11,40 +11,65 @@ decompress call, so the hub does not leave it to aiohttp.
 from __future__ import annotations
 
 import zlib
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Iterator
 
 # zlib's window bits for a gzip wrapper (16 + the largest window).
 _GZIP_WBITS = 16 + zlib.MAX_WBITS
+
+
+# Most bytes one decompress call may produce: a gzip member expands up to about 1,000 times
+# (a "gzip bomb"), so a 256 KiB read could otherwise become 256 MiB at once. What is not yet
+# inflated stays in zlib's ``unconsumed_tail`` until the reader takes the next piece.
+DECODED_PIECE_BYTES = 256 * 1024
 
 
 class GzipMembers:
     """Decodes a gzip body of any number of members (RFC 1952 allows a series), fed in pieces
     as they arrive; members may end and begin anywhere in a piece.
 
-    ``feed`` returns every byte decodable so far; ``finish`` raises :class:`BadBody` when the
-    body ended inside a member (a truncated body is never taken for a complete one).
+    ``pieces`` yields what is decodable so far in pieces of at most ``DECODED_PIECE_BYTES``,
+    inflating the next one only when asked for it, so a reader that stops (a line over its
+    limit) never holds more; ``feed`` returns them joined. Past ``max_decoded`` bytes in all
+    (None: no total bound) either raises :class:`BodyTooLarge`. ``finish`` raises
+    :class:`BadBody` when the body ended inside a member (a truncated body is never taken for a
+    complete one).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_decoded: int | None = None) -> None:
         self._member: zlib._Decompress | None = None
+        self._max_decoded = max_decoded
         self.members = 0  # members completed
+        self.decoded = 0  # bytes produced so far
 
     def feed(self, data: bytes) -> bytes:
-        out: list[bytes] = []
-        while data:
+        return b"".join(self.pieces(data))
+
+    def pieces(self, data: bytes) -> Iterator[bytes]:
+        while True:
             member = self._member
             if member is None:
+                if not data:
+                    return
                 member = self._member = zlib.decompressobj(_GZIP_WBITS)
             try:
-                out.append(member.decompress(data))
+                out = member.decompress(data, DECODED_PIECE_BYTES)
             except zlib.error as error:
                 raise BadBody(f"gzip body is not valid: {error}") from None
-            if not member.eof:
-                break  # the member goes on in the next piece
-            self.members += 1
-            self._member = None
-            data = member.unused_data
-        return b"".join(out)
+            if out:
+                self.decoded += len(out)
+                if self._max_decoded is not None and self.decoded > self._max_decoded:
+                    raise BodyTooLarge(self._max_decoded)
+                yield out
+            if member.eof:
+                self.members += 1
+                self._member = None
+                data = member.unused_data
+                continue
+            # A full piece may leave input in unconsumed_tail, or output still inside zlib
+            # (a long back-reference): ask again. Else the member goes on in the next read.
+            data = member.unconsumed_tail
+            if not data and len(out) < DECODED_PIECE_BYTES:
+                return
 
     def finish(self) -> None:
         if self._member is not None:
@@ -63,20 +88,20 @@ async def decoded(chunks: AsyncIterable[bytes], encoding: str) -> AsyncIterator[
         raise BadBody(f"unsupported Content-Encoding {encoding!r}")
     members = GzipMembers()
     async for chunk in chunks:
-        out = members.feed(chunk)
-        if out:
+        for out in members.pieces(chunk):
             yield out
     members.finish()
 
 
-def decoded_whole(body: bytes, encoding: str) -> bytes:
-    """A whole body, decoded from ``encoding``."""
+def decoded_whole(body: bytes, encoding: str, max_decoded: int | None = None) -> bytes:
+    """A whole body, decoded from ``encoding``; :class:`BodyTooLarge` past ``max_decoded``
+    bytes once decoded (None: no bound), before more than one piece over it is held."""
     encoding = encoding.strip().lower() or "identity"
     if encoding == "identity":
         return body
     if encoding != "gzip":
         raise BadBody(f"unsupported Content-Encoding {encoding!r}")
-    members = GzipMembers()
+    members = GzipMembers(max_decoded)
     out = members.feed(body)
     members.finish()
     return out
@@ -141,3 +166,11 @@ class LineTooLong(Exception):
 
 class BadBody(Exception):
     """An upstream body that cannot be decoded: truncated or corrupt gzip, unknown encoding."""
+
+
+class BodyTooLarge(BadBody):
+    """A compressed upstream body that inflates past the bound its reader set."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"gzip body inflates past {limit} bytes")
+        self.limit = limit

@@ -10,10 +10,11 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator
 
 from watchproxy.config import UpstreamConfig
-from watchproxy.errors import UpstreamUnavailable
+from watchproxy.errors import UpstreamBodyTooLarge, UpstreamUnavailable
 from watchproxy.policy.ratelimit import parse_retry_after
 from watchproxy.upstream.bodies import (
     BadBody,
+    BodyTooLarge,
     LineTooLong,
     decoded,
     decoded_whole,
@@ -27,9 +28,10 @@ from watchproxy.upstream.response import UpstreamResponse
 class _Answer:
     """One upstream response, seen through the hub's ``UpstreamAnswer`` protocol."""
 
-    def __init__(self, response: UpstreamResponse, max_line: int) -> None:
+    def __init__(self, response: UpstreamResponse, max_line: int, max_decoded: int | None) -> None:
         self._response = response
         self._max_line = max_line
+        self._max_decoded = max_decoded
         self._whole = False
 
     @property
@@ -54,7 +56,9 @@ class _Answer:
             body = await self._response.read()
         self._whole = True
         try:
-            return decoded_whole(body, self._encoding)
+            return decoded_whole(body, self._encoding, self._max_decoded)
+        except BodyTooLarge as error:
+            raise UpstreamBodyTooLarge(f"the upstream answer is too large: {error}") from None
         except BadBody as error:
             raise UpstreamUnavailable(f"the upstream answer broke: {error}") from None
 
@@ -89,9 +93,14 @@ class _Answer:
 class UpstreamWatchSource:
     """Shared watches' LISTs and WATCHes, through :meth:`Upstream.open` like every request."""
 
-    def __init__(self, upstream: Upstream, config: UpstreamConfig) -> None:
+    def __init__(
+        self, upstream: Upstream, config: UpstreamConfig, *, max_decoded_body: int | None = None
+    ) -> None:
         self._upstream = upstream
         self._config = config
+        # A whole answer (a page of the hub's LIST) inflated past this fails (None: no bound);
+        # a streamed one is bounded per piece and per line instead (upstream/bodies.py).
+        self._max_decoded_body = max_decoded_body
 
     async def open(
         self, path_qs: str, *, accept: str, verb: str, forwarded_auth: str | None
@@ -110,4 +119,4 @@ class UpstreamWatchSource:
             wait=True,
             forwarded_auth=forwarded_auth,
         )
-        return _Answer(response, self._config.max_event_bytes)
+        return _Answer(response, self._config.max_event_bytes, self._max_decoded_body)
