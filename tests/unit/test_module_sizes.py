@@ -1,11 +1,16 @@
-"""Every module of the product stays small enough to read in one sitting (issue 13)."""
+"""Every module of the product stays small enough to read in one sitting (issue 13).
+
+The cap is a backstop, not a target: modules are split by concern, never to meet a count
+(STYLE.md; the anchors' watcher, reflector and cacher are 1,000-1,500 lines each). A cap of 400
+made files split by count and code compacted under ``# fmt: skip`` to fit (issue 42), so it
+catches only a module that has plainly outgrown one concern."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "watchproxy"
-MAX_LINES = 400
+MAX_LINES = 1200
 
 # Modules still being split, by their path under watchproxy/. Remove an entry once its split
 # lands; an entry for a module that is small again fails the test, so none lingers.
