@@ -12,29 +12,28 @@ watch-list whose flushes Go's gzip reader cannot finish, issue 41); a busy one s
 that falls behind.
 
 Every client program stamps, or has stamped, each event line with the wall-clock time it got the
-event: the Python programs (tests/clients/pywatch.py) stamp it themselves, as does the client-go
-0.37 program's wire tap (its WIRE lines: each watch event as it comes off the decompressed
-body); the other programs write each line with one write(2) the moment their handler runs, and
-this process stamps it as it reads it from the pipe (``ClientProcess(stamp_reads=True)``; the
-clients run concurrently, watchproxy in a process of its own, so the reads are not queued
-behind the proxy's work). The lines that carry both stamps measure what the pipe and this
-process's reading add: the report prints it, and the test requires it to stay small beside the
-budget, so that the read stamps can be trusted.
+event: the Python programs (tests/clients/pywatch.py) and the JVM ones (tests/clients/java)
+stamp it themselves, as does the client-go 0.37 program's wire tap (its WIRE lines: each watch
+event as it comes off the decompressed body); the other programs write each line with one
+write(2) the moment their handler runs, and this process stamps it as it reads it from the pipe
+(``ClientProcess(stamp_reads=True)``; the clients run concurrently, watchproxy in a process of
+its own, so the reads are not queued behind the proxy's work). The lines that carry both stamps
+measure what the pipe and this process's reading add: the report prints it, and the test
+requires it to stay small beside the budget, so that the read stamps can be trusted.
 
 Asserted, for each client: its view is the apiserver's record (``ApiRecord``) from the moment
 the clients started: the initial state, then each change once and in order (per object for
-client-go's informers, whose queue keeps no order across objects), direct and through watchproxy
-alike; through watchproxy, each event arrives no later than ``PARITY_P99`` (p99)
-after the same client got it direct, on the quiet and on the busy collection; a watch-list on
-the quiet collection ends its initial events (the ``k8s.io/initial-events-end`` bookmark, or
-the informer's sync where there is no tap) within ``SYNC_WITHIN`` of the program's start
-(before the watch's start, and unlike the watch's answer, not something a proxy that holds the
-answer back can move), direct and through watchproxy. The table (client x quiet/busy x
+client-go's and client-java's informers, whose queues keep no order across objects), direct and
+through watchproxy alike; through watchproxy, each event arrives no later than ``PARITY_P99``
+(p99) after the same client got it direct, on the quiet and on the busy collection; a watch-list
+on the quiet collection ends its initial events (the ``k8s.io/initial-events-end`` bookmark, or
+the informer's sync where there is no tap) within ``SYNC_WITHIN`` of the program's start (before
+the watch's start, and unlike the watch's answer, not something a proxy that holds the answer
+back can move), direct and through watchproxy. The table (client x quiet/busy x
 direct/watchproxy, p50/p99 latency from the write, and the extra delay through watchproxy) is
 printed and written to ``TABLE_FILE``, each event's times beside it (``.json``), with
 watchproxy's CPU during the busy writes and its hub metrics (freshness probes, watches passed
-through).
-"""
+through)."""
 
 from __future__ import annotations
 
@@ -58,12 +57,14 @@ import aiohttp
 import pytest
 
 from tests.clients.build import build_informer137, build_watchclient
+from tests.clients.build_java import build_java_clients
 from tests.clients.build_rust_node import build_kubewatch, prepare_informer
 from tests.clients.expect import Change, ChangeLog
 from tests.clients.process import READ_AT, ClientProcess, Line
 from tests.e2e.test_rust_node_clients import node_kubeconfig
 from tests.realapi.fixture import RealApiServer
 from tests.realapi.kubeapi import Api
+from tests.realapi.test_jvm_informers import JVM_FLAGS
 from tests.realapi.test_kubectl_newest import newest_kubectl
 from tests.realapi.test_real_clients import ApiRecord, built, pod
 from watchproxy.kube.kubeconfig import render_kubeconfig
@@ -121,6 +122,12 @@ class Programs:
             self._cache["kubectl"] = newest_kubectl()
         return str(self._cache["kubectl"])
 
+    def jvm(self, program: str) -> list[str]:
+        """``java ... -jar`` the jar of tests/clients/java's ``program`` (a ``JavaPrograms``
+        attribute: ``fabric8`` or ``client_java``), on pods."""
+        java = self._get("java", build_java_clients)
+        return [java.java, *JVM_FLAGS, "-jar", str(getattr(java, program)), "--resource", "pods"]
+
     @staticmethod
     def pywatch(library: str) -> list[str]:
         script = Path(__file__).parents[1] / "clients" / "pywatch.py"
@@ -134,7 +141,8 @@ class Client:
     ``family`` says how to read its lines: ``go`` (tests/clients/go's watchclient format:
     handler calls ADDED with ``initial``, MODIFIED, DELETED, SYNC, and READY once synced),
     ``go-wire`` (the same, plus WIRE lines with the time each watch event came off the wire),
-    ``kube-rs`` (kubewatch), ``node`` (client-node's informer.mjs), ``python`` (pywatch) or
+    ``kube-rs`` (kubewatch), ``node`` (client-node's informer.mjs), ``python`` (pywatch),
+    ``jvm`` (tests/clients/java: watchclient's lines without ``initial``, READY once synced) or
     ``kubectl`` (table rows of ``get -w --output-watch-events``). ``watch_list``: it starts with
     a watch-list, whose sync is timed on the quiet collection.
     """
@@ -217,18 +225,29 @@ CLIENTS: tuple[Client, ...] = (
         "kubectl",
         lambda p, ns: [p.kubectl(), "get", "pods", "-n", ns, "-w", "--output-watch-events"],
     ),
-    # JVM clients (tests/clients/java, built by tests.clients.build_java; merged in main after
-    # this file was written): fabric8 default (WebSocket watches), fabric8 --http-only and
-    # client-java. To add them: they print watchclient's line format but watch CONFIGMAPS
-    # (this test writes and records pods: give Writes and ResumingRecord a resource, and run
-    # the JVM rows on configmaps), their ADDED lines carry no "initial" flag (the adds before
-    # READY are the list: a "jvm" family in view_of, as "node"), their handler queues keep the
-    # order per object only (check them with tests.clients.expect's per-object check, not
-    # content_problems' total order), and a JVM starts in seconds (START_WAIT covers it). E.g.
-    #   Client("fabric8 informer", "fabric8", "jvm",
-    #          lambda p, ns: [p.java(), "-jar", p.fabric8_jar(), "--namespace", ns]),
-    #   Client("fabric8 informer, HTTP watches", "fabric8-http", "jvm", ... "--http-only"),
-    #   Client("client-java informer", "client-java", "jvm", ...),
+    # The JVM clients (tests/clients/java) on pods: fabric8 with its default Config (WebSocket
+    # watches), fabric8 with onlyHttpWatches, client-java's SharedInformerFactory. JVM_FLAGS
+    # (C1 only, serial GC) are what the JVM informer tests start them with: a quicker start on
+    # a small machine, the same for both copies of a client. A JVM takes seconds to start and
+    # list, all before the first write (START_WAIT), so it is no part of any event's time.
+    Client(
+        "fabric8 informer",
+        "fabric8",
+        "jvm",
+        lambda p, ns: [*p.jvm("fabric8"), "--namespace", ns],
+    ),
+    Client(
+        "fabric8 informer, HTTP watches",
+        "fabric8-http",
+        "jvm",
+        lambda p, ns: [*p.jvm("fabric8"), "--namespace", ns, "--http-only"],
+    ),
+    Client(
+        "client-java informer",
+        "client-java",
+        "jvm",
+        lambda p, ns: [*p.jvm("client_java"), "--namespace", ns],
+    ),
 )
 
 
@@ -313,10 +332,14 @@ def view_of(family: str, lines: Sequence[Line], initial_names: set[str], quiet_r
                 view.listed(line["name"], rv_of(line))
             elif kind in NODE_TYPES:
                 view.add(NODE_TYPES[kind], line["name"], rv_of(line), stamp(line))
-        elif family == "python":
+        elif family in ("python", "jvm"):
+            # No "initial" flag: the objects listed are the ones nobody has written since the
+            # quiet point (the JVM informers may call their handlers for the list after READY).
             if kind == "ADDED" and rv_of(line) <= quiet_rv:
                 view.listed(line["name"], rv_of(line))
             elif kind in ("ADDED", "MODIFIED", "DELETED"):
+                if line.get("tombstone"):
+                    view.problems.append(f"a delete inferred from a relist: {line}")
                 view.add(kind, line["name"], rv_of(line), stamp(line))
         elif family == "kubectl":
             listing = not view.events and kind == "ADDED"
@@ -349,10 +372,12 @@ def expected_events(family: str, changes: Sequence[Change]) -> list[tuple[str, s
 
 
 # Informers whose queue hands over one object's pending changes together (client-go's
-# DeltaFIFO): each object's changes come in order, different objects' not always in the order
-# they happened. Watch streams and client-node's informer (handlers called as the stream reads)
-# keep the record's order across objects too.
-PER_OBJECT_ORDER = frozenset({"go", "go-wire"})
+# DeltaFIFO, and client-java's copy of it): each object's changes come in order, different
+# objects' not always in the order they happened. Watch streams and client-node's informer
+# (handlers called as the stream reads) keep the record's order across objects too. fabric8's
+# informers call their handlers in the stream's order, but share the "jvm" family with
+# client-java's and so its per-object check.
+PER_OBJECT_ORDER = frozenset({"go", "go-wire", "jvm"})
 
 
 def content_problems(family: str, view: View, log: ChangeLog, quiet_rv: int) -> list[str]:
@@ -421,12 +446,17 @@ def record_keys(family: str, changes: Sequence[Change]) -> list[object]:
     return keys
 
 
+NOT_CHANGES = frozenset({"WIRE", "REQUEST", "WATCH", "READY", "InitDone", "Init", "EXIT"})
+
+
 def reached(family: str, lines: Sequence[Line], rv: int, events: int) -> bool:
     """Cheap: has the client printed the change at ``rv`` (kubectl: ``events`` rows)?"""
     if family == "kubectl":
         return len(lines) >= events
+    if family in PER_OBJECT_ORDER:  # the last change may be handled before another object's
+        return any(rv_of(line) >= rv for line in lines if line["type"] not in NOT_CHANGES)
     for line in reversed(lines):
-        if line["type"] in ("WIRE", "REQUEST", "WATCH", "READY", "InitDone", "Init", "EXIT"):
+        if line["type"] in NOT_CHANGES:
             continue
         if line.get("resourceVersion"):
             return rv_of(line) >= rv
@@ -437,6 +467,9 @@ def initially_ready(family: str, lines: Sequence[Line], initial: int) -> bool:
     """The client has its initial state and watches."""
     if family in ("go", "go-wire", "node"):
         return any(line["type"] == "READY" for line in lines)
+    if family == "jvm":  # READY may come before the handler calls for the list
+        ready = any(line["type"] == "READY" for line in lines)
+        return ready and sum(line["type"] == "ADDED" for line in lines) >= initial
     if family == "kube-rs":
         return any(line["type"] == "InitDone" for line in lines)
     return sum(line["type"] == "ADDED" for line in lines) >= initial
