@@ -375,8 +375,7 @@ def expected_events(family: str, changes: Sequence[Change]) -> list[tuple[str, s
 # DeltaFIFO, and client-java's copy of it): each object's changes come in order, different
 # objects' not always in the order they happened. Watch streams and client-node's informer
 # (handlers called as the stream reads) keep the record's order across objects too. fabric8's
-# informers call their handlers in the stream's order, but share the "jvm" family with
-# client-java's and so its per-object check.
+# informers share the "jvm" family with client-java's, and so its per-object check.
 PER_OBJECT_ORDER = frozenset({"go", "go-wire", "jvm"})
 
 
