@@ -33,7 +33,8 @@ back can move), direct and through watchproxy. The table (client x quiet/busy x
 direct/watchproxy, p50/p99 latency from the write, and the extra delay through watchproxy) is
 printed and written to ``TABLE_FILE``, each event's times beside it (``.json``), with
 watchproxy's CPU during the busy writes and its hub metrics (freshness probes, watches passed
-through)."""
+through).
+"""
 
 from __future__ import annotations
 
