@@ -91,6 +91,15 @@ PHASES = ("quiet", "busy")
 MS = 1e6  # nanoseconds per millisecond
 
 
+# After test_jvm_informers' JVM_FLAGS (C1 only, serial GC; the later -Xmx wins): a young
+# generation that the start, the warm-up and the writes do not fill, and a metaspace that the
+# classes loaded do not, so that no collection stops a JVM copy in the measured writes. With
+# JVM_FLAGS' 256 MB heap, each fabric8 copy made a young collection in the busy writes that
+# took 130-220 ms on the loaded machine (-Xlog:gc), each copy at its own moment: 30 events in a
+# row late on one side, the extra p99 past the budget with watchproxy's side no slower.
+PARITY_JVM_FLAGS = ("-Xms1g", "-Xmx1g", "-Xmn768m", "-XX:MetaspaceSize=128m")
+
+
 # --- the clients ---------------------------------------------------------------------------
 
 
@@ -128,7 +137,8 @@ class Programs:
         """``java ... -jar`` the jar of tests/clients/java's ``program`` (a ``JavaPrograms``
         attribute: ``fabric8`` or ``client_java``), on pods."""
         java = self._get("java", build_java_clients)
-        return [java.java, *JVM_FLAGS, "-jar", str(getattr(java, program)), "--resource", "pods"]
+        jar = str(getattr(java, program))
+        return [java.java, *JVM_FLAGS, *PARITY_JVM_FLAGS, "-jar", jar, "--resource", "pods"]
 
     @staticmethod
     def pywatch(library: str) -> list[str]:
