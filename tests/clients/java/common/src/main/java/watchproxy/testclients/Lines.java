@@ -5,12 +5,15 @@ import java.io.FileDescriptor;
 import java.io.IOException;
 import java.io.OutputStream;
 import java.nio.charset.StandardCharsets;
+import java.time.Instant;
 import java.util.LinkedHashMap;
 import java.util.Map;
 
 /**
  * One JSON line per event on stdout, in the format of tests/clients/go's watchclient:
- * {@code {"type":"ADDED","namespace":"ns","name":"cm-1","resourceVersion":"12","informer":3}}.
+ * {@code {"type":"ADDED","namespace":"ns","name":"cm-1","resourceVersion":"12","informer":3,
+ * "at":1765000000123456000}}, where {@code at} is the wall-clock time the line was made (Unix
+ * nanoseconds, microsecond precision): when the handler ran, as the Python programs stamp theirs.
  * Types: ADDED, MODIFIED, DELETED (handler calls), SYNC (an update whose resourceVersion did not
  * change: a relist or a resync delivered it), READY (every informer synced), WATCH_ERROR and
  * ERROR (the client reported a failure). Each line is one write to the file descriptor, made
@@ -63,6 +66,8 @@ public final class Lines {
   }
 
   public static void write(Map<String, Object> fields) {
+    Instant now = Instant.now();
+    fields.put("at", now.getEpochSecond() * 1_000_000_000L + now.getNano());
     StringBuilder out = new StringBuilder("{");
     boolean first = true;
     for (Map.Entry<String, Object> field : fields.entrySet()) {

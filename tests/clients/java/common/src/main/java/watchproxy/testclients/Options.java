@@ -4,14 +4,19 @@ import java.util.Arrays;
 
 /**
  * The command line both programs share:
- * {@code [--namespace NS] [--informers N] [--http-only]}. The kubeconfig comes from KUBECONFIG,
- * as each library's default configuration reads it.
+ * {@code [--namespace NS] [--informers N] [--resource configmaps|pods] [--http-only]}. The
+ * kubeconfig comes from KUBECONFIG, as each library's default configuration reads it.
  */
 public final class Options {
   /** The namespace to watch; null: the kubeconfig context's. */
   public String namespace;
-  /** How many informers on the same configmaps the program runs, each with its own list+watch. */
+  /** How many informers on the same objects the program runs, each with its own list+watch. */
   public int informers = 1;
+  /**
+   * What the informers watch: {@code configmaps} (the default) or {@code pods}, for a test that
+   * writes and records pods.
+   */
+  public String resource = "configmaps";
   /** fabric8 only: HTTP watches instead of its default WebSocket ones. */
   public boolean httpOnly;
 
@@ -21,12 +26,16 @@ public final class Options {
       switch (args[i]) {
         case "--namespace" -> options.namespace = value(args, ++i, usage);
         case "--informers" -> options.informers = Integer.parseInt(value(args, ++i, usage));
+        case "--resource" -> options.resource = value(args, ++i, usage);
         case "--http-only" -> options.httpOnly = true;
         default -> fail("unknown argument " + args[i] + " in " + Arrays.toString(args), usage);
       }
     }
     if (options.informers < 1) {
       fail("--informers must be at least 1", usage);
+    }
+    if (!options.resource.equals("configmaps") && !options.resource.equals("pods")) {
+      fail("--resource must be configmaps or pods, not " + options.resource, usage);
     }
     return options;
   }

@@ -1,10 +1,11 @@
 package watchproxy.testclients;
 
-import io.fabric8.kubernetes.api.model.ConfigMap;
+import io.fabric8.kubernetes.api.model.HasMetadata;
 import io.fabric8.kubernetes.client.Config;
 import io.fabric8.kubernetes.client.ConfigBuilder;
 import io.fabric8.kubernetes.client.KubernetesClient;
 import io.fabric8.kubernetes.client.KubernetesClientBuilder;
+import io.fabric8.kubernetes.client.dsl.Informable;
 import io.fabric8.kubernetes.client.informers.ResourceEventHandler;
 import io.fabric8.kubernetes.client.informers.SharedIndexInformer;
 import java.util.ArrayList;
@@ -13,11 +14,11 @@ import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.CompletableFuture;
 
 /**
- * fabric8 kubernetes-client informers on the configmaps of one namespace, every handler call as
- * one JSON line (see {@link Lines}).
+ * fabric8 kubernetes-client informers on the configmaps (or, with {@code --resource pods}, the
+ * pods) of one namespace, every handler call as one JSON line (see {@link Lines}).
  *
  * <pre>
- *   java -jar fabric8-informers.jar [--namespace NS] [--informers N] [--http-only]
+ *   java -jar fabric8-informers.jar [--namespace NS] [--informers N] [--resource R] [--http-only]
  * </pre>
  *
  * The client is built from the default {@code Config} (autoconfigured from KUBECONFIG), with
@@ -29,7 +30,8 @@ import java.util.concurrent.CompletableFuture;
  */
 public final class Fabric8Informers {
   private static final String USAGE =
-      "java -jar fabric8-informers.jar [--namespace NS] [--informers N] [--http-only]";
+      "java -jar fabric8-informers.jar [--namespace NS] [--informers N]"
+          + " [--resource configmaps|pods] [--http-only]";
 
   private Fabric8Informers() {}
 
@@ -43,20 +45,11 @@ public final class Fabric8Informers {
     String namespace = options.namespace != null ? options.namespace : client.getNamespace();
     List<CompletableFuture<Void>> started = new ArrayList<>();
     for (int i = 0; i < options.informers; i++) {
-      int informer = i;
-      SharedIndexInformer<ConfigMap> shared =
-          client.configMaps().inNamespace(namespace).runnableInformer(0);
-      shared.addEventHandler(new Handler(informer));
-      shared
-          .stopped()
-          .whenComplete(
-              (ignored, error) -> {
-                if (error != null) {
-                  Lines.error("ERROR", informer, error);
-                  Runtime.getRuntime().halt(1);
-                }
-              });
-      started.add(shared.start().toCompletableFuture());
+      Informable<? extends HasMetadata> objects =
+          options.resource.equals("pods")
+              ? client.pods().inNamespace(namespace)
+              : client.configMaps().inNamespace(namespace);
+      started.add(start(objects, i));
     }
     try {
       CompletableFuture.allOf(started.toArray(new CompletableFuture[0])).join();
@@ -70,7 +63,24 @@ public final class Fabric8Informers {
     new CountDownLatch(1).await();
   }
 
-  private static final class Handler implements ResourceEventHandler<ConfigMap> {
+  /** Starts one informer on {@code objects} whose handler prints as informer {@code informer}. */
+  private static <T extends HasMetadata> CompletableFuture<Void> start(
+      Informable<T> objects, int informer) {
+    SharedIndexInformer<T> shared = objects.runnableInformer(0);
+    shared.addEventHandler(new Handler<T>(informer));
+    shared
+        .stopped()
+        .whenComplete(
+            (ignored, error) -> {
+              if (error != null) {
+                Lines.error("ERROR", informer, error);
+                Runtime.getRuntime().halt(1);
+              }
+            });
+    return shared.start().toCompletableFuture();
+  }
+
+  private static final class Handler<T extends HasMetadata> implements ResourceEventHandler<T> {
     private final int informer;
 
     Handler(int informer) {
@@ -78,12 +88,12 @@ public final class Fabric8Informers {
     }
 
     @Override
-    public void onAdd(ConfigMap obj) {
+    public void onAdd(T obj) {
       print("ADDED", obj);
     }
 
     @Override
-    public void onUpdate(ConfigMap oldObj, ConfigMap newObj) {
+    public void onUpdate(T oldObj, T newObj) {
       String type =
           Lines.updateType(
               oldObj.getMetadata().getResourceVersion(), newObj.getMetadata().getResourceVersion());
@@ -91,7 +101,7 @@ public final class Fabric8Informers {
     }
 
     @Override
-    public void onDelete(ConfigMap obj, boolean deletedFinalStateUnknown) {
+    public void onDelete(T obj, boolean deletedFinalStateUnknown) {
       var meta = obj.getMetadata();
       Lines.object(
           "DELETED",
@@ -102,7 +112,7 @@ public final class Fabric8Informers {
           deletedFinalStateUnknown);
     }
 
-    private void print(String type, ConfigMap obj) {
+    private void print(String type, T obj) {
       var meta = obj.getMetadata();
       Lines.object(type, informer, meta.getNamespace(), meta.getName(), meta.getResourceVersion());
     }
