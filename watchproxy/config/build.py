@@ -142,6 +142,9 @@ def _check(config: Config, where: str) -> None:
         "hub.linger_seconds": h.linger_seconds,
         "hub.fanout_max_delay_seconds": h.fanout_max_delay_seconds,
         "limits.shutdown_grace_seconds": config.limits.shutdown_grace_seconds,
+        "limits.header_timeout_seconds": config.limits.header_timeout_seconds,
+        "limits.body_timeout_seconds": config.limits.body_timeout_seconds,
+        "limits.body_min_bytes_per_second": config.limits.body_min_bytes_per_second,
         "upstream.token_reload_seconds": config.upstream.token_reload_seconds,
         "upstream.stream_idle_timeout_seconds": config.upstream.stream_idle_timeout_seconds,
     }
