@@ -340,6 +340,9 @@ def _as_h11(headers: tuple[tuple[bytes, bytes], ...]) -> tuple[tuple[bytes, byte
     return tuple(out)
 
 
+# A bound on the whole run: on 2026-12-06 a run on a loaded machine did not end (not yet
+# understood: an input on which one of the parsers loops, or a long shrink).
+@pytest.mark.timeout(300)
 @settings(
     max_examples=int(os.environ.get("PARSER_EXAMPLES", "1000")),
     deadline=None,
