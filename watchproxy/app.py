@@ -223,6 +223,8 @@ class Proxy:
             asyncio.Protocol,
             max_connections=self.config.limits.max_connections,
             header_timeout=self.config.limits.header_timeout_seconds,
+            body_timeout=self.config.limits.body_timeout_seconds,
+            body_min_rate=self.config.limits.body_min_bytes_per_second,
             metrics=self.metrics,
         )
         handler = ApiHandler(
@@ -257,7 +259,10 @@ class Proxy:
         self.fast_lane = guard.fast_lane = FastLane(handler)
         api_app = build_api_app(handler, max_body_bytes=self.config.limits.max_body_bytes)
         admin_app = build_admin_app(
-            metrics=self.metrics, ready=self.ready, debug_watches=self.debug_watches
+            metrics=self.metrics,
+            ready=self.ready,
+            debug_watches=self.debug_watches,
+            debug_view=self.config.admin.debug_view,
         )
         self.api_port = await self._serve(
             api_app, self.config.listen.host, self.config.listen.port, guard=handler.guard

@@ -42,6 +42,9 @@ class ProxyError(Exception):
     # (kube/watchquery.InvalidListOptions answered 400 BadRequest instead of 422 Invalid).
     code: ClassVar[int] = 500
     reason: ClassVar[str] = "InternalError"
+    # The answer closes the client's connection: after this error, what the client sends next
+    # cannot be told apart from the rest of this request.
+    closes_connection: ClassVar[bool] = False
 
     def __init__(self, message: str, *, retry_after: float | None = None) -> None:
         super().__init__(message)
@@ -67,6 +70,22 @@ class BadRequest(ProxyError):
 class Forbidden(ProxyError):
     code = 403
     reason = "Forbidden"
+
+
+class BodyTimeout(ProxyError):
+    """A request body stopped arriving (``limits.body_timeout_seconds``): the request gets a
+    408 and its connection is closed, since what the client sends next cannot be framed."""
+
+    code = 408
+    reason = "Timeout"
+    closes_connection = True
+
+
+class FaultyFraming(BadRequest):
+    """A message whose body framing cannot be trusted (RFC 9112 section 6.1: an HTTP/1.0
+    request with Transfer-Encoding): refused, and its connection closed."""
+
+    closes_connection = True
 
 
 class PayloadTooLarge(ProxyError):

@@ -95,7 +95,8 @@ class Metrics:
             Counter,
             "watchproxy_rejected_requests",
             "Requests and connections the proxy refused itself, by reason (host, path, read-only, "
-            "policy, impersonation, upgrade-not-relayed, connections, header-timeout, malformed).",
+            "policy, impersonation, upgrade-not-relayed, connections, header-timeout, "
+            "body-timeout, malformed).",
             ["reason"],
         )
         self.client_connections = add(
@@ -105,14 +106,14 @@ class Metrics:
             Gauge,
             "watchproxy_client_connections_by_state",
             "Open client connections on the API port by state: head (no whole request yet), "
-            "idle (keep-alive) or active (serving a request or a stream).",
+            "body (its body arriving), idle (keep-alive) or active (serving a request).",
             ["state"],
         )
         self.connections_shed = add(
             Counter,
             "watchproxy_client_connections_shed",
             "Client connections closed at the connection cap to make room for a new one, by "
-            "state (idle first, then head, oldest first; active ones never).",
+            "state (idle, then head, then body, oldest or longest silent first; never active).",
             ["state"],
         )
         # Upstream side.

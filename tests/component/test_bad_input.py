@@ -411,6 +411,16 @@ CASES: list[Case] = [
     ),
     Case("over-long-header", get(PODS, headers=[("X-Long", "a" * 20_000)]), 400, None, False),
     Case("over-long-target", get(PODS + "?labelSelector=" + "a" * 20_000), 400, None, False),
+    Case(
+        "http10-transfer-encoding",
+        b"POST " + CONFIGMAPS.encode() + b" HTTP/1.0\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b'1b\r\n{"metadata":{"name":"te10"}}\r\n0\r\n\r\n',
+        400,
+        "BadRequest",
+        False,
+        note="RFC 9112 section 6.1: the framing of such a message is faulty",
+    ),
 ]
 
 
@@ -612,3 +622,78 @@ async def test_the_proxy_never_answered_500(running: Running) -> None:
         if sample.name.endswith("_total")
     }
     assert not [c for c in codes if c.startswith("5")], codes
+
+
+async def test_http10_with_transfer_encoding_closes_the_connection(running: Running) -> None:
+    """Refused, and nothing after it on the connection is read as a request (RFC 9112 6.1):
+    an HTTP/1.0 peer in front would have framed the body differently."""
+    running.fake.stats.reset()
+    behind = b"DELETE " + CONFIGMAPS.encode() + b"/x HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    raw = (
+        b"POST " + CONFIGMAPS.encode() + b" HTTP/1.0\r\nHost: 127.0.0.1\r\n"
+        b"Connection: keep-alive\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n" + behind
+    )
+    reader, writer = await asyncio.open_connection("127.0.0.1", running.proxy.api_port)
+    try:
+        writer.write(raw)
+        await writer.drain()
+        data = await asyncio.wait_for(reader.read(), 10)  # to the end: the proxy closes
+    finally:
+        writer.close()
+    assert data.startswith(b"HTTP/1.0 400 ") or data.startswith(b"HTTP/1.1 400 "), data[:200]
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+    assert len(body) == length, data  # one answer only: the DELETE behind it was not read
+    assert b"Transfer-Encoding" in body
+    assert not [r for r in running.fake.stats.requests if r.path.startswith(CONFIGMAPS)]
+
+
+async def test_obs_text_header_values_reach_the_apiserver_as_sent(running: Running) -> None:
+    """Bytes 0x80-0xFF in a field value (obs-text, RFC 9110 5.5) are the apiserver's to judge,
+    and it accepts them: they pass through byte for byte, UTF-8 or not."""
+    running.fake.stats.reset()
+    values = {"X-Latin": b"caf\xe9", "X-Utf8": b"caf\xc3\xa9", "X-Mixed": b"\xff\x80 ok \xc3"}
+    raw = (
+        b"GET "
+        + PODS.encode()
+        + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        + b"".join(name.encode() + b": " + value + b"\r\n" for name, value in values.items())
+        + b"Connection: close\r\n\r\n"
+    )
+    answer = await send_raw(running.proxy.api_port, raw)
+    assert answer.status == 200, answer.body[:300]
+    [record] = [r for r in running.fake.stats.requests if r.path == PODS]
+    # The fake is an aiohttp server too: its parser decodes as the proxy's does.
+    arrived = {name: record.headers[name].encode("utf-8", "surrogateescape") for name in values}
+    assert arrived == values
+
+
+async def test_a_chunked_bodys_trailer_never_becomes_the_next_requests_header(
+    running: Running,
+) -> None:
+    """aiohttp's C parser hands a chunked body's trailer fields to the next request on the
+    connection as its headers (found by tests/unit/test_parser_differential.py): the proxy
+    answers a chunked request and closes, so the request pipelined behind it is never read."""
+    running.fake.stats.reset()
+    body = b'{"metadata": {"name": "trailer"}}'
+    raw = (
+        b"POST " + CONFIGMAPS.encode() + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + b"%x\r\n%b\r\n0\r\nX-Smuggled: yes\r\n\r\n" % (len(body), body)
+        + b"GET "
+        + PODS.encode()
+        + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    )
+    reader, writer = await asyncio.open_connection("127.0.0.1", running.proxy.api_port)
+    try:
+        writer.write(raw)
+        await writer.drain()
+        data = await asyncio.wait_for(reader.read(), 10)  # to the end: the proxy closes
+    finally:
+        writer.close()
+    assert data.startswith(b"HTTP/1.1 201 "), data[:200]
+    assert data.count(b"HTTP/1.1 ") == 1, data
+    reached = [r for r in running.fake.stats.requests if r.path != "/readyz"]
+    assert [(r.method, r.path) for r in reached] == [("POST", CONFIGMAPS)]
+    assert not [r for r in reached if "X-Smuggled" in r.headers]

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 import aiohttp
+import pytest
 
 from tests.harness import running_proxy
 
@@ -186,3 +187,122 @@ async def test_a_quiet_passed_through_watch_ends_cleanly_at_the_read_timeout(
             assert b'"ADDED"' in first
             # Then nothing comes upstream; the proxy ends the stream, cleanly (chunked EOF).
             assert await asyncio.wait_for(response.content.read(), 5) == b""
+
+
+# A body's deadlines, short for the tests; long enough that a loaded machine keeps a prompt
+# body in time.
+BODY_DEADLINE = 0.6
+CONFIGMAPS = "/api/v1/namespaces/default/configmaps"
+
+
+def _configmap(name: str, size: int) -> bytes:
+    """A ConfigMap's JSON, ``size`` bytes long or a little more."""
+    return json.dumps({"metadata": {"name": name}, "data": {"k": "v" * size}}).encode()
+
+
+def _post_head(length: int | None) -> bytes:
+    framing = "Transfer-Encoding: chunked" if length is None else f"Content-Length: {length}"
+    return (
+        f"POST {CONFIGMAPS} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"{framing}\r\n\r\n"
+    ).encode()
+
+
+# Each framing reaches a different reader of the body (server.connection): a small body with a
+# length is buffered by the fast lane, a big one streams upstream through aiohttp's handler as
+# it comes, a chunked one is aiohttp's to parse.
+FRAMINGS = {"small-length": 1000, "streamed-length": 200_000, "chunked": None}
+
+
+@pytest.mark.parametrize("framing", list(FRAMINGS))
+async def test_a_body_that_stops_arriving_gets_408_and_is_closed(
+    tmp_path: Any, framing: str
+) -> None:
+    body = _configmap("stalled", 300_000 if framing == "streamed-length" else 1000)
+    size = FRAMINGS[framing]
+    length = None if size is None else len(body)
+    overrides = {
+        "limits.body_timeout_seconds": BODY_DEADLINE,
+        "limits.body_min_bytes_per_second": 0,
+    }
+    async with running_proxy(tmp_path, overrides) as running:
+        reader, writer = await asyncio.open_connection("127.0.0.1", running.proxy.api_port)
+        try:
+            part = body[: len(body) // 2]
+            if length is None:
+                part = f"{len(part):x}\r\n".encode() + part + b"\r\n"
+            writer.write(_post_head(length) + part)
+            await writer.drain()  # ... and the rest never comes
+            loop = asyncio.get_running_loop()
+            began = loop.time()
+            code, status = await _read_reply(reader)
+            waited = loop.time() - began
+            assert code == 408, status
+            assert status["kind"] == "Status" and status["reason"] == "Timeout"
+            assert "request body not received" in status["message"]
+            assert BODY_DEADLINE * 0.9 <= waited < 10, waited
+            assert await asyncio.wait_for(reader.read(), 5) == b""  # closed
+        finally:
+            writer.close()
+        counted = running.proxy.metrics.rejected.labels("body-timeout")
+        assert counted._value.get() == 1  # type: ignore[attr-defined]
+        # Nothing was created from the half a body.
+        assert not running.fake.store.list("configmaps", "default")
+
+
+async def test_a_body_that_keeps_arriving_slowly_is_served(tmp_path: Any) -> None:
+    """The idle deadline runs between reads, not over the whole body: a body that takes
+    several deadlines, a piece at a time, is served."""
+    overrides = {
+        "limits.body_timeout_seconds": BODY_DEADLINE,
+        "limits.body_min_bytes_per_second": 0,
+    }
+    body = _configmap("slow", 1000)
+    async with running_proxy(tmp_path, overrides) as running:
+        reader, writer = await asyncio.open_connection("127.0.0.1", running.proxy.api_port)
+        try:
+            writer.write(_post_head(len(body)))
+            pieces = 5
+            step = -(-len(body) // pieces)
+            for start in range(0, len(body), step):
+                await asyncio.sleep(BODY_DEADLINE / 2)
+                writer.write(body[start : start + step])
+                await writer.drain()
+            code, created = await _read_reply(reader)
+            assert code == 201, created
+            assert created["metadata"]["name"] == "slow"
+        finally:
+            writer.close()
+
+
+async def test_a_body_trickling_under_the_minimum_rate_gets_408(tmp_path: Any) -> None:
+    """A byte now and then never trips the idle deadline; the minimum average rate ends it."""
+    overrides = {
+        "limits.body_timeout_seconds": BODY_DEADLINE,
+        "limits.body_min_bytes_per_second": 1000,
+    }
+    body = _configmap("trickle", 1000)
+    async with running_proxy(tmp_path, overrides) as running:
+        reader, writer = await asyncio.open_connection("127.0.0.1", running.proxy.api_port)
+        try:
+            writer.write(_post_head(len(body)))
+            loop = asyncio.get_running_loop()
+            began = loop.time()
+
+            async def trickle() -> None:
+                for byte in body:
+                    writer.write(bytes([byte]))
+                    await asyncio.sleep(BODY_DEADLINE / 4)
+
+            trickling = asyncio.ensure_future(trickle())
+            try:
+                code, status = await _read_reply(reader)
+            finally:
+                trickling.cancel()
+            waited = loop.time() - began
+            assert code == 408 and status["reason"] == "Timeout", status
+            assert "bytes/s" in status["message"]
+            # Due at the deadline plus a few bytes' worth at the minimum rate.
+            assert BODY_DEADLINE * 0.9 <= waited < 10, waited
+        finally:
+            writer.close()

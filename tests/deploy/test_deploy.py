@@ -28,6 +28,7 @@ import pytest
 import yaml
 from kubernetes_validate.utils import latest_version  # type: ignore[import-untyped]
 
+from watchproxy.config import build_config
 from watchproxy.kube.kubeconfig import render_kubeconfig
 
 REPO = Path(__file__).resolve().parents[2]
@@ -604,6 +605,16 @@ def test_container_ports_are_the_exposed_ports(name: str) -> None:
     config = watchproxy_config(overlay(name))
     assert ports[API_PORT] == config.get("listen", {}).get("port", 8001)
     assert ports[ADMIN_PORT] == config.get("admin", {}).get("port", 8081)
+
+
+@needs_kubectl
+@pytest.mark.parametrize("name", WORKLOAD_OVERLAYS)
+def test_the_debug_view_answers_loopback_clients_only(name: str) -> None:
+    """The admin port listens where the kubelet and Prometheus reach it; its debug view answers
+    loopback clients only (tests/component/test_debug_view.py holds the behaviour)."""
+    config = build_config(watchproxy_config(overlay(name)), file_name=name)
+    assert config.admin.host == "0.0.0.0"
+    assert config.admin.debug_view == "loopback"
 
 
 @needs_kubectl

@@ -128,6 +128,12 @@ def test_config_is_valid_and_lets_tenants_in_by_the_service_name() -> None:
     assert config["listen"]["allow_non_loopback"] is True
 
 
+def test_the_debug_view_answers_loopback_clients_only() -> None:
+    config = build_config(chart_config(render()), file_name="chart config")
+    assert config.admin.host == "0.0.0.0"  # the probes and Prometheus reach the pod IP
+    assert config.admin.debug_view == "loopback"
+
+
 def test_config_change_rolls_the_pods() -> None:
     def checksum(objects: Objects) -> str:
         annotations = find(objects, "DaemonSet")["spec"]["template"]["metadata"]["annotations"]

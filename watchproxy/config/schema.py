@@ -26,6 +26,9 @@ class ListenConfig:
 class AdminConfig:
     host: str = "0.0.0.0"
     port: int = 8081
+    # Who may read /debug/watches: clients connecting from a loopback address, anyone who
+    # reaches the admin port, or nobody.
+    debug_view: Literal["loopback", "anywhere", "off"] = "loopback"
 
 
 @dataclass(frozen=True)
@@ -131,6 +134,11 @@ class SecurityConfig:
 @dataclass(frozen=True)
 class LimitsConfig:
     header_timeout_seconds: float = 10.0
+    # A request body must keep arriving: at most this long between two reads (0: no limit) ...
+    body_timeout_seconds: float = 10.0
+    # ... and, after its first body_timeout_seconds, at least this many bytes per second on
+    # average (0: no minimum).
+    body_min_bytes_per_second: float = 1024.0
     max_body_bytes: int = 4 * 1024 * 1024
     max_connections: int = 1024
     max_watches: int = 1000

@@ -51,7 +51,9 @@ def request_headers(
     forward_identity: bool = False,
     forward_impersonation: bool = False,
 ) -> CIMultiDict[str]:
-    """Client request headers to send upstream: no hop-by-hop, no client identity by default."""
+    """Client request headers to send upstream: no hop-by-hop, no client identity by default.
+
+    Each value goes upstream as the bytes the client sent (``wire_value``)."""
     drop = _dropped(headers)
     if not forward_identity:
         drop = drop | _AUTHORIZATION
@@ -61,8 +63,21 @@ def request_headers(
         lowered = name.lower()
         if lowered in drop or lowered.startswith(identity_prefixes):
             continue
-        out.add(name, value)
+        out.add(name, value if value.isascii() else wire_value(value))
     return out
+
+
+def wire_value(value: str) -> str:
+    """A client's header value as the upstream encoder writes it: one character per byte
+    (latin-1), the bytes the client sent.
+
+    Field values may hold obs-text, bytes 0x80-0xFF (RFC 9110 section 5.5), and the apiserver
+    (Go's net/http) accepts them as they are. aiohttp's parser hands a value over decoded as
+    UTF-8, each byte that is not UTF-8 kept as a surrogate escape: ``caf\\xe9`` arrives as
+    ``"caf\\udce9"``, ``caf\\xc3\\xa9`` as ``"café"``. Encoding that back the same way gives the
+    client's bytes; written as latin-1 (``upstream.http1``) they go out unchanged. The fast
+    lane's heads (``server.requesthead``) are ASCII, which both readings leave alone."""
+    return value.encode("utf-8", "surrogateescape").decode("latin-1")
 
 
 def response_headers(

@@ -17,7 +17,7 @@ from typing import Protocol
 
 from aiohttp import web
 
-from watchproxy.errors import ProxyError, TooManyRequests
+from watchproxy.errors import FaultyFraming, ProxyError, TooManyRequests
 from watchproxy.kube.apipath import ApiPath
 from watchproxy.kube.watchquery import QUICK_END_SECONDS, WatchQuery
 from watchproxy.lists.batch import Answer
@@ -30,6 +30,7 @@ from watchproxy.policy.fairqueue import flow
 from watchproxy.server.clientgone import CLIENT_CLOSED_REQUEST, STARTED, EndsWithClient
 from watchproxy.server.listener import ConnectionGuard
 from watchproxy.server.passthrough import Forwarder
+from watchproxy.server.requesthead import faulty_framing, last_on_connection
 from watchproxy.server.routes import Refusal, Route, RouteKind, Routing, classify
 from watchproxy.server.upgrade import UpgradeRelay
 
@@ -110,7 +111,9 @@ def flow_key(
     credential = ""
     if forward_identity:
         auth = headers.get("Authorization", "")
-        credential = hashlib.sha256(auth.encode()).hexdigest()[:16] if auth else ""
+        # The client's bytes: a value aiohttp parsed may hold surrogate escapes (obs-text).
+        raw = auth.encode("utf-8", "surrogateescape")
+        credential = hashlib.sha256(raw).hexdigest()[:16] if auth else ""
     return remote, headers.get("User-Agent", ""), credential
 
 
@@ -192,7 +195,7 @@ class ApiHandler:
         started = self._clock()
         self.in_flight += 1
         transport = request.transport
-        self.guard.request_started(transport)
+        self.guard.request_started(transport, request.content)
         response: web.StreamResponse | None = None
         try:
             route = classify(
@@ -208,6 +211,8 @@ class ApiHandler:
                 response = await self._serve(request, route)
         except ProxyError as error:
             response = status_response(error)
+            if error.closes_connection:
+                response.force_close()
         finally:
             self.in_flight -= 1
             self.guard.request_finished(transport)
@@ -220,13 +225,17 @@ class ApiHandler:
             assert response is not None
             if route.verb == "watch":
                 self._count_errored_watch(request, response, finished - started)
-        if self.draining:
+        if self.draining or (response.status != 101 and last_on_connection(request.headers)):
             response.force_close()
         stream = route.streaming or response.status == 101
         self.metrics.request_done(route.verb, response.status, finished - started, stream=stream)
         return response
 
     async def _serve(self, request: web.Request, route: Route) -> web.StreamResponse:
+        faulty = faulty_framing(request.method, request.version, request.headers)
+        if faulty is not None:
+            self.metrics.rejected.labels("malformed").inc()
+            raise FaultyFraming(faulty)
         if route.refusal is not None:
             return self._refuse(request, route, route.refusal)
         verb = route.verb

@@ -4,7 +4,7 @@ A busy controller sends GET, PATCH, POST, PUT and DELETE of single objects in a 
 and through aiohttp's server each paid for a request object, a handler task, a response object,
 a router lookup and a writer: more than the proxy's own work on the request, and on a small
 machine the difference between a sidecar that keeps up with ``kubectl proxy`` and one that
-does not. The connection (``server.connection``) parses such a request's head itself
+does not. The connection (``server.lanes``) parses such a request's head itself
 (``server.requesthead``), asks :meth:`FastLane.admit` whether the request's route is a plain
 pass-through or a LIST, and if so runs :meth:`FastLane.serve`. A LIST is offered to the same
 LIST services the aiohttp path offers it to (the hub's cache, a current shared watch, a batch),

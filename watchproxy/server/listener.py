@@ -1,18 +1,25 @@
-"""What aiohttp's server lacks on the API port: a deadline for request heads, a connection cap.
+"""What aiohttp's server lacks on the API port: deadlines for request heads and bodies, a
+connection cap.
 
-Every connection's protocol is wrapped in a :class:`GuardedProtocol`, which is in one of three
-states: ``head`` (open, no whole request head yet), ``active`` (a request is being served: a
-list, a watch stream, an exec relay) or ``idle`` (keep-alive between requests).
+Every connection's protocol is wrapped in a :class:`GuardedProtocol`, which is in one of four
+states: ``head`` (open, no whole request head yet), ``body`` (a head is in, its body is still
+arriving), ``active`` (a request is being served: a list, a watch stream, an exec relay) or
+``idle`` (keep-alive between requests).
 
 - A connection must deliver a whole request head within ``header_timeout`` of opening, or of its
   first byte after being idle: a slowloris client cannot hold connections open by trickling
   bytes, nor by sending nothing at all. One that sent part of a head gets a 408 Status first.
+- A body must keep arriving: ``body_timeout`` at most between two reads, and on average at
+  least ``body_min_rate`` bytes per second after its first ``body_timeout`` seconds. A late
+  body gets a 408 Status and its connection is closed. Time in which the proxy itself does not
+  read (a body streamed upstream no faster than the apiserver takes it) is not counted.
 - At ``max_connections`` a new connection does not get refused while cheaper ones exist: the
   guard closes the oldest idle keep-alive connection (its client reconnects at the next
-  request), else the oldest unfinished head, and accepts the new one. ``active`` connections
-  are never shed; only when every connection is active does the new one get a 503 Status.
-  An idle-connection flood thus costs the proxy at most ``max_connections`` connections and
-  cannot lock anyone out.
+  request), else the oldest unfinished head, else the body that has been silent longest, and
+  accepts the new one. ``active`` connections are never shed; only when every connection is
+  active does the new one get a 503 Status. A flood of idle connections, slow heads or slow
+  bodies thus costs the proxy at most ``max_connections`` connections and cannot lock anyone
+  out.
 - Each connection's loss is a future (:meth:`ConnectionGuard.lost_signal`) that resolves when
   the loop reports the connection lost: the signal on which a request's work ends with its
   client (see ``clientgone``).
@@ -27,7 +34,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from watchproxy.metrics import Metrics
 from watchproxy.server.clientgone import already_lost
-from watchproxy.server.connection import GuardedProtocol, State, status_reply
+from watchproxy.server.connection import GuardedProtocol, Payload, State, status_reply
 
 if TYPE_CHECKING:
     from watchproxy.server.fastlane import FastLane
@@ -49,15 +56,24 @@ class ConnectionGuard:
         max_connections: int,
         header_timeout: float,
         metrics: Metrics,
+        body_timeout: float = 0.0,
+        body_min_rate: float = 0.0,
     ) -> None:
         self.inner_factory = inner_factory
         self.max_connections = max_connections
         self.header_timeout = header_timeout
+        self.body_timeout = body_timeout
+        self.body_min_rate = body_min_rate
         self.metrics = metrics
         self.open = 0
         self.by_transport: dict[Any, GuardedProtocol] = {}
-        # Insertion order is age in the state: the first entry is the one to shed first.
-        self._sheddable: dict[State, dict[GuardedProtocol, None]] = {"idle": {}, "head": {}}
+        # Insertion order is age in the state (for a body: since its last byte): the first
+        # entry is the one to shed first.
+        self._sheddable: dict[State, dict[GuardedProtocol, None]] = {
+            "idle": {},
+            "head": {},
+            "body": {},
+        }
         # Counted in plain ints and read by the gauges at scrape time: a connection moves
         # between states three times per request, and a gauge's inc/dec takes a lock each.
         self._counts: dict[State, int] = dict.fromkeys(_STATES, 0)
@@ -66,7 +82,7 @@ class ConnectionGuard:
         metrics.count_client_connections(lambda: self.open)
         # Set once the API handler exists: requests the connections serve themselves.
         self.fast_lane: FastLane | None = None
-        # Every connection's fast-lane server task (server.connection), and those of them
+        # Every connection's fast-lane server task (server.lanes), and those of them
         # serving a request now.
         self.connection_tasks: set[asyncio.Task[None]] = set()
         self.fast_tasks: set[asyncio.Task[None]] = set()
@@ -108,7 +124,7 @@ class ConnectionGuard:
         return GuardedProtocol(self, self.inner_factory())
 
     def _shed_one(self) -> bool:
-        for state in ("idle", "head"):
+        for state in _SHED_ORDER:
             candidates = self._sheddable[state]
             if candidates:
                 victim = next(iter(candidates))
@@ -135,6 +151,13 @@ class ConnectionGuard:
             if old is None:
                 self.open += 1
 
+    def progressed(self, protocol: GuardedProtocol) -> None:
+        """A byte of ``protocol``'s body came: it is now the last body to shed."""
+        bodies = self._sheddable["body"]
+        if protocol in bodies:  # re-inserted: to the end of the order
+            del bodies[protocol]
+            bodies[protocol] = None
+
     def lost_signal(self, transport: Any) -> asyncio.Future[None]:
         """Resolves when the connection of ``transport`` is lost (already resolved if it is).
 
@@ -143,11 +166,12 @@ class ConnectionGuard:
         guarded = self.by_transport.get(transport) if transport is not None else None
         return guarded.lost if guarded is not None else already_lost()
 
-    def request_started(self, transport: Any) -> None:
-        """Called by the handler once a request's headers have been parsed."""
+    def request_started(self, transport: Any, payload: Payload | None = None) -> None:
+        """Called by the handler once a request's headers have been parsed; ``payload``: its
+        body as aiohttp reads it."""
         guarded = self.by_transport.get(transport)
         if guarded is not None:
-            guarded.request_started()
+            guarded.request_started(payload)
 
     def request_finished(self, transport: Any) -> None:
         guarded = self.by_transport.get(transport)
@@ -155,7 +179,10 @@ class ConnectionGuard:
             guarded.request_finished()
 
 
-_STATES: tuple[State, ...] = ("head", "idle", "active")
+_STATES: tuple[State, ...] = ("head", "body", "idle", "active")
+# Who makes room first: an idle connection costs its client a reconnect; an unfinished head,
+# a request not yet made; a silent body, a request the client has begun.
+_SHED_ORDER: tuple[State, ...] = ("idle", "head", "body")
 
 
 class _Refuse(asyncio.Protocol):

@@ -40,6 +40,20 @@ _HEADER_LINES = re.compile(r"(?:[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[\t -~]*\r\n)*")
 _FIELD = re.compile(r"([^:\r\n]+):[ \t]*((?:[^\r\n]*[^\r\n \t])?)[ \t]*\r\n")
 # Headers whose presence means a message the fast lane does not frame or answer itself.
 _NOT_SIMPLE_FIELDS = ("transfer-encoding", "upgrade", "expect", "te", "http2-settings")
+# Headers aiohttp's parser refuses to see twice (its SINGLETON_HEADERS): a head with two of
+# one is aiohttp's to refuse, not the fast lane's to serve.
+_SINGLETON_FIELDS = (
+    "content-length",
+    "content-location",
+    "content-range",
+    "content-type",
+    "etag",
+    "host",
+    "max-forwards",
+    "server",
+    "transfer-encoding",
+    "user-agent",
+)
 # A client sends the same header lines request after request (its User-Agent, Accept, often
 # the same Content-Length): the parse of a block of lines is kept, read-only, for the next.
 # Bounded in blocks and in the length of a block kept.
@@ -111,8 +125,12 @@ def _header_block(block: str) -> tuple[CIMultiDictProxy[str], int, bool]:
     for name in _NOT_SIMPLE_FIELDS:
         if name in headers:
             raise NotSimple(f"a {name} header")
-    if len(headers.getall("host", ())) != 1:
-        raise NotSimple("not exactly one Host")
+    if "host" not in headers:
+        raise NotSimple("no Host")
+    if len(headers) != len(set(map(str.lower, headers))):
+        for name in _SINGLETON_FIELDS:
+            if len(headers.getall(name, ())) > 1:
+                raise NotSimple(f"more than one {name}")
     for value in headers.getall("connection", ()):
         if not _keeps_alive(value):
             raise NotSimple("a connection that ends or changes protocol")
@@ -121,6 +139,46 @@ def _header_block(block: str) -> tuple[CIMultiDictProxy[str], int, bool]:
         raise NotSimple("a Content-Length to check")
     length = int(lengths[0]) if lengths else 0
     return CIMultiDictProxy(headers), length, impersonates(headers)
+
+
+def faulty_framing(
+    method: str, version: tuple[int, int], headers: CIMultiDictProxy[str]
+) -> str | None:
+    """Why a message aiohttp's parser accepted must still be refused, with its connection
+    closed, for its body framing (None: it may be served).
+
+    A major version other than 1: HTTP/1's framing rules are not that version's. CONNECT:
+    aiohttp reads what follows its head as a tunnel's bytes whatever its Content-Length says,
+    where h11 (and any parser that honours the length) reads a body and then a next request;
+    the Kubernetes API has no tunnel to open.
+    RFC 9112 section 6.1: an HTTP/1.0 message with Transfer-Encoding has faulty framing, even
+    with a Content-Length. llhttp frames its body as chunked; an HTTP/1.0 peer or a proxy in
+    front may frame it by its length or by the connection's end, and what one reads as a body
+    the other reads as a next request. The fast lane serves HTTP/1.1 only, so this is checked
+    on aiohttp's path alone (``server.api``); the parser differential test
+    (tests/unit/test_parser_differential.py) holds the two parsers to h11's reading."""
+    if method == "CONNECT":
+        return "CONNECT is not served here"
+    if version[0] != 1:
+        # llhttp reads any digit.digit (HTTP/2.0 among them) by HTTP/1.1's rules; the
+        # apiserver's Go server refuses a major version other than 1 on this port.
+        return f"HTTP/{version[0]}.{version[1]} is not served here; HTTP/1.1 is"
+    if version < (1, 1) and "Transfer-Encoding" in headers:
+        return "an HTTP/1.0 request must not carry Transfer-Encoding"
+    return None
+
+
+def last_on_connection(headers: CIMultiDictProxy[str]) -> bool:
+    """Whether no request after this one may be read from its connection (its answer then
+    closes it).
+
+    A chunked body: aiohttp's C parser (llhttp, aiohttp 3.14.5) hands the trailer fields of a
+    chunked body to the next request on the connection, as that request's own headers
+    (``0\\r\\nImpersonate-User: x\\r\\n\\r\\n`` then ``GET ...``: the GET carries
+    Impersonate-User). Found by the parser differential test against h11, which drops them.
+    Clients send chunked bodies seldom (client-go and kubectl send a length), so closing after
+    one costs little, and no trailer can become another request's header."""
+    return "Transfer-Encoding" in headers
 
 
 def _keeps_alive(value: str) -> bool:
