@@ -60,6 +60,10 @@ def by_h11(data: bytes) -> list[Parsed] | None:
     request still incomplete at the end is left out, as is what follows a request that ends
     its connection."""
     conn = h11.Connection(h11.SERVER, max_incomplete_event_size=65536)
+    if not data:
+        # h11 reads b"" as the peer's EOF, and then answers every next_event() with
+        # ConnectionClosed: nothing more to read.
+        return []
     conn.receive_data(data)
     out: list[Parsed] = []
     request: Any = None
@@ -96,8 +100,10 @@ def by_h11(data: bytes) -> list[Parsed] | None:
                     return None if more is None else out + more
                 return out
             conn.start_next_cycle()
-        elif event is h11.PAUSED:
+        elif event is h11.PAUSED or isinstance(event, h11.ConnectionClosed):
             return out
+        else:  # a server's h11 has no other event: never loop on one
+            raise AssertionError(f"unexpected h11 event {event!r}")
 
 
 def _keep_alive(headers: Any) -> bool:
