@@ -22,6 +22,7 @@ from watchproxy.metrics import Metrics
 from watchproxy.policy.access import AccessPolicy
 from watchproxy.policy.adaptive import AdaptiveLimit, AdaptiveSettings
 from watchproxy.policy.backoff import BackoffPolicy
+from watchproxy.policy.bodybudget import BodyBudget
 from watchproxy.policy.clientlimits import ClientRateLimiter, ErroredWatchLimiter
 from watchproxy.policy.ratelimit import UpstreamLimiter
 from watchproxy.server.admin import build_admin_app
@@ -127,6 +128,7 @@ class Proxy:
         self.forwarder = Forwarder(
             self.upstream,
             max_body_bytes=config.limits.max_body_bytes,
+            body_budget=BodyBudget(config.limits.max_buffered_body_bytes),
             forward_identity=config.security.identity == "forward",
             forward_impersonation=config.security.impersonation == "forward",
             stream_idle_timeout=config.upstream.stream_idle_timeout_seconds,

@@ -100,6 +100,13 @@ class TooManyRequests(ProxyError):
     reason = "TooManyRequests"
 
 
+class BodiesBusy(ProxyError):
+    """The proxy holds as many client request bodies as its budget allows: send again soon."""
+
+    code = 503
+    reason = "ServiceUnavailable"
+
+
 class UpstreamUnavailable(ProxyError):
     """The apiserver cannot be reached now; the proxy fails fast instead of piling up."""
 

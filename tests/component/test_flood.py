@@ -279,15 +279,7 @@ async def _keep_alive_idle(sock: socket.socket) -> None:
     [
         "partial-head",
         "stalled-body",
-        pytest.param(
-            "stalled-big-body",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="a body over 64 KiB streams upstream as it arrives and holds an upstream "
-                "concurrency slot meanwhile: 64 stalled ones fill the adaptive limit's first "
-                "window and new clients get 429 after ratelimit.max_wait_seconds",
-            ),
-        ),
+        "stalled-big-body",
         "idle-keep-alive",
     ],
 )

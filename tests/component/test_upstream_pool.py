@@ -3,8 +3,8 @@
 Pinned here: a busy client's requests reuse one upstream connection instead of dialing each
 time; an idle pooled connection the network killed costs the next request nothing; a request
 that was sent on a reused connection the apiserver closed at that moment is sent once more when
-it is idempotent, and never when it is not; a big request body streams through, and one over
-the limit is refused with a 413 and never half-applied.
+it is idempotent, and never when it is not; a big request body is read whole before it goes
+upstream, and one over the limit is refused with a 413 and never half-applied.
 """
 
 from __future__ import annotations
@@ -61,44 +61,67 @@ async def test_a_pooled_connection_reset_while_idle_costs_the_next_request_nothi
         assert f.running.proxy.connectivity.up
 
 
-async def test_a_big_body_streams_upstream_before_the_client_has_sent_all_of_it(
+async def test_a_big_body_is_read_whole_before_its_request_goes_upstream(
     tmp_path: Any,
 ) -> None:
-    """The first half of a 1 MiB body is on its way to the apiserver while the client still
-    holds the second half: the proxy never waits for (or holds) the whole body."""
+    """While the client still holds the second half of a 1 MiB body, nothing of its request has
+    gone to the apiserver (a slow sender holds no upstream slot: policy.bodybudget), the body
+    holds its size of the body budget, and gives it back once the request has gone."""
     half = 512 * 1024
     value = "x" * (2 * half - 200)
     body = json.dumps({"metadata": {"name": "big"}, "data": {"v": value}}).encode()
-    first_half_sent = asyncio.Event()
-    upstream_has_first_half = asyncio.Event()
+    second_half = asyncio.Event()
 
     async with faulty_upstream(tmp_path) as f, aiohttp.ClientSession() as session:
+        budget = f.running.proxy.forwarder.body_budget
+        assert budget is not None
         start = f.faults.counts.bytes_up
 
         async def parts() -> AsyncIterator[bytes]:
             yield body[:half]
-            first_half_sent.set()
-            await upstream_has_first_half.wait()
+            await second_half.wait()
             yield body[half:]
 
-        async def watch_upstream() -> None:
-            await first_half_sent.wait()
-            await wait_for(
-                lambda: f.faults.counts.bytes_up - start >= half,
-                what="the first half upstream",
-            )
-            upstream_has_first_half.set()
+        async def hold_then_release() -> None:
+            await wait_for(lambda: budget.held == len(body), what="the body's budget taken")
+            assert f.faults.counts.bytes_up == start  # nothing of it upstream yet
+            second_half.set()
 
-        watcher = asyncio.create_task(watch_upstream())
+        holder = asyncio.create_task(hold_then_release())
         async with session.post(
             f.running.url + CONFIGMAPS,
             data=parts(),
             headers={"Content-Type": "application/json", "Content-Length": str(len(body))},
         ) as created:
             assert created.status == 201, await created.text()
-        await watcher
+        await holder
+        assert budget.held == 0
         async with session.get(f"{f.running.url}{CONFIGMAPS}/big") as got:
             assert (await got.json())["data"]["v"] == value
+
+
+async def test_a_body_that_does_not_fit_the_budget_gets_503_before_it_is_read(
+    tmp_path: Any,
+) -> None:
+    """With the body budget taken, a big body is answered 503 with Retry-After and a Status,
+    and nothing goes upstream; once the budget is back, the same request is served."""
+    body = json.dumps({"metadata": {"name": "late"}, "data": {"v": "y" * 200_000}}).encode()
+    async with faulty_upstream(tmp_path) as f, aiohttp.ClientSession() as session:
+        budget = f.running.proxy.forwarder.body_budget
+        assert budget is not None and budget.take(budget.capacity)  # as if others held it all
+        start = f.faults.counts.bytes_up
+        headers = {"Content-Type": "application/json"}
+        async with session.post(f.running.url + CONFIGMAPS, data=body, headers=headers) as busy:
+            assert busy.status == 503
+            assert busy.headers["Retry-After"] == "1"
+            status = await busy.json()
+            assert (status["kind"], status["code"]) == ("Status", 503)
+            assert "request bodies" in status["message"]
+        assert f.faults.counts.bytes_up == start
+        budget.give(budget.capacity)
+        async with session.post(f.running.url + CONFIGMAPS, data=body, headers=headers) as ok:
+            assert ok.status == 201, await ok.text()
+        assert budget.held == 0
 
 
 @pytest.mark.parametrize("declared", [True, False])

@@ -79,6 +79,10 @@ def test_env_parses_types_and_lists() -> None:
         ({"hub": {"fanout_cpu_share": 0}}, "hub.fanout_cpu_share: must be > 0 and <= 1"),
         ({"hub": {"fanout_cpu_share": 1.5}}, "hub.fanout_cpu_share: must be > 0 and <= 1"),
         ({"hub": {"fanout_max_delay_seconds": -1}}, "hub.fanout_max_delay_seconds: must be >= 0"),
+        (
+            {"limits": {"max_buffered_body_bytes": 1024}},
+            "limits.max_buffered_body_bytes: must be 0 (no bound) or at least limits.max_body",
+        ),
     ],
 )
 def test_bad_config_names_the_key(data: dict[str, object], message: str) -> None:

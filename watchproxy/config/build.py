@@ -113,6 +113,13 @@ def _check(config: Config, where: str) -> None:
         raise ConfigError(f"{where}: backoff.max_seconds: must be >= backoff.initial_seconds")
     if b.probe_max_seconds < b.initial_seconds:
         raise ConfigError(f"{where}: backoff.probe_max_seconds: must be >= backoff.initial_seconds")
+    lim = config.limits
+    if lim.max_buffered_body_bytes != 0 and lim.max_buffered_body_bytes < lim.max_body_bytes:
+        # Else the largest bodies would never fit, and their clients retry a 503 for ever.
+        raise ConfigError(
+            f"{where}: limits.max_buffered_body_bytes: must be 0 (no bound) or at least "
+            f"limits.max_body_bytes ({lim.max_body_bytes})"
+        )
     if config.limits.list_batch_max_bytes < 0:
         raise ConfigError(f"{where}: limits.list_batch_max_bytes: must be >= 0 (0: never)")
     h = config.hub

@@ -140,6 +140,9 @@ class LimitsConfig:
     # average (0: no minimum).
     body_min_bytes_per_second: float = 1024.0
     max_body_bytes: int = 4 * 1024 * 1024
+    # Request bodies over 64 KiB are read whole before they go upstream; all of them together
+    # hold at most this many bytes (0: no bound), beyond it a 503 with Retry-After.
+    max_buffered_body_bytes: int = 32 * 1024 * 1024
     max_connections: int = 1024
     max_watches: int = 1000
     shutdown_grace_seconds: float = 5.0

@@ -10,9 +10,16 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from watchproxy.errors import BadRequest, PayloadTooLarge, UpstreamTimeout, UpstreamUnavailable
+from watchproxy.errors import (
+    BadRequest,
+    BodiesBusy,
+    PayloadTooLarge,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+)
 from watchproxy.kube.apipath import canonical_target
 from watchproxy.kube.headers import forwarded_credential, request_headers, response_headers
+from watchproxy.policy.bodybudget import BodyBudget
 from watchproxy.server.clientgone import started
 from watchproxy.server.requesthead import HEADER_BLOCKS_KEPT
 from watchproxy.server.routes import Headers
@@ -22,25 +29,57 @@ from watchproxy.upstream.http1 import HeaderBlock
 log = logging.getLogger("watchproxy.passthrough")
 
 
-# A body up to this size is read whole before the request goes upstream (one write, and a 401
-# from a rotated token can be answered by sending it again); a bigger one with a declared length
-# (kubectl apply, client-go) streams through as it arrives and is never held whole. A chunked
-# body of unknown length is read whole, up to the limit: one over the limit is then refused
-# before the apiserver sees any of it, as with a declared length.
+# A body up to this size is read by the fast lane itself (bigger ones come through aiohttp's
+# parser): within the connection cap, what such bodies hold together is bounded already.
 BUFFERED_BODY_BYTES = 65536
+# How long a client refused for lack of body budget is asked to wait before sending again.
+BODY_BUDGET_RETRY_SECONDS = 1
 
 
-async def read_body(request: web.Request, limit: int) -> bytes | StreamedBody | None:
-    """The request body, whole or streamed; more than ``limit`` bytes is a 413 before anything
-    is sent upstream."""
+class HeldBody:
+    """A request body read whole, and what it holds of the body budget (given back by
+    :meth:`release` once the request has gone upstream)."""
+
+    __slots__ = ("_budget", "_held", "data")
+
+    def __init__(self, data: bytes, budget: BodyBudget | None, held: int) -> None:
+        self.data = data
+        self._budget = budget
+        self._held = held
+
+    def release(self) -> None:
+        if self._budget is not None and self._held:
+            self._budget.give(self._held)
+            self._held = 0
+
+
+async def read_body(
+    request: web.Request, limit: int, budget: BodyBudget | None = None
+) -> HeldBody | None:
+    """The request body, read whole before anything is sent upstream (see
+    ``policy.bodybudget``: a slow client must not hold an upstream slot while it sends): more
+    than ``limit`` bytes is a 413; a body bigger than BUFFERED_BODY_BYTES that ``budget`` cannot
+    hold now is a 503 with Retry-After, before it is read."""
     if not request.body_exists:
         return None
     length = request.content_length
-    if length is None or length <= BUFFERED_BODY_BYTES:
-        return await _whole(request, limit)
-    if length > limit:
+    if length is not None and length > limit:
         raise PayloadTooLarge(f"request body of {length} bytes exceeds {limit}")
-    return StreamedBody(_BodyParts(request, limit), length)
+    if length is not None and length <= BUFFERED_BODY_BYTES:
+        return HeldBody(await _whole(request, limit), None, 0)
+    # A declared length is taken at once; a chunked body of unknown length takes the limit.
+    held = limit if length is None else length
+    if budget is not None and not budget.take(held):
+        raise BodiesBusy(
+            f"watchproxy holds too many request bodies to read this one of {held} bytes now",
+            retry_after=BODY_BUDGET_RETRY_SECONDS,
+        )
+    try:
+        return HeldBody(await _whole(request, limit), budget, held)
+    except BaseException:
+        if budget is not None:
+            budget.give(held)
+        raise
 
 
 async def _whole(request: web.Request, limit: int) -> bytes:
@@ -82,11 +121,13 @@ class Forwarder:
         *,
         max_body_bytes: int,
         forward_identity: bool,
+        body_budget: BodyBudget | None = None,
         forward_impersonation: bool = False,
         stream_idle_timeout: float | None = None,
     ) -> None:
         self.upstream = upstream
         self.max_body_bytes = max_body_bytes
+        self.body_budget = body_budget
         self.forward_identity = forward_identity
         self.forward_impersonation = forward_impersonation
         # Streams (logs -f, unshared watches) end cleanly after this long without a byte: a
@@ -166,15 +207,19 @@ class Forwarder:
     async def forward(
         self, request: web.Request, *, verb: str, streaming: bool
     ) -> web.StreamResponse:
-        body = await read_body(request, self.max_body_bytes)
-        upstream_response = await self.send(
-            request.method,
-            request.raw_path,
-            request.headers,
-            body,
-            verb=verb,
-            streaming=streaming,
-        )
+        body = await read_body(request, self.max_body_bytes, self.body_budget)
+        try:
+            upstream_response = await self.send(
+                request.method,
+                request.raw_path,
+                request.headers,
+                None if body is None else body.data,
+                verb=verb,
+                streaming=streaming,
+            )
+        finally:
+            if body is not None:
+                body.release()
         body_whole = None if request.method == "HEAD" else upstream_response.whole_body()
         if body_whole is not None and upstream_response.status not in (204, 304):
             # The whole answer came at once (most one-shot answers do): one write to the
