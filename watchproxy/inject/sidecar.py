@@ -47,6 +47,9 @@ admin:
   # The kubelet's probes and Prometheus arrive on the pod IP.
   host: 0.0.0.0
   port: 8081
+  # /debug/watches answers loopback clients only (kubectl port-forward); the probes and
+  # /metrics answer everyone who reaches the port.
+  debug_view: loopback
 upstream:
   mode: in-cluster
 hub:
