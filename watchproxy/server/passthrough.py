@@ -23,7 +23,7 @@ from watchproxy.policy.bodybudget import BodyBudget
 from watchproxy.server.clientgone import started
 from watchproxy.server.requesthead import HEADER_BLOCKS_KEPT
 from watchproxy.server.routes import Headers
-from watchproxy.upstream.client import StreamedBody, Upstream, UpstreamResponse
+from watchproxy.upstream.client import Upstream, UpstreamResponse
 from watchproxy.upstream.http1 import HeaderBlock
 
 log = logging.getLogger("watchproxy.passthrough")
@@ -175,7 +175,7 @@ class Forwarder:
         method: str,
         target: str,
         client_headers: Headers,
-        body: bytes | StreamedBody | None,
+        body: bytes | None,
         *,
         verb: str,
         streaming: bool,

@@ -33,13 +33,12 @@ from watchproxy.upstream.connector import PROBING, DialFailed, UpstreamDown
 from watchproxy.upstream.credentials import UpstreamTarget
 from watchproxy.upstream.http1 import Broken, HeaderBlock
 from watchproxy.upstream.response import UpstreamResponse
-from watchproxy.upstream.transports import StreamedBody, Transports, describe, outcome_of
+from watchproxy.upstream.transports import Transports, describe, outcome_of
 from watchproxy.upstream.upgrade import BadAnswer, UpgradeAnswer, open_upgrade
 
 # read_lines, read_frames and LineTooLong live in upstream.bodies; named here for their callers.
 __all__ = [
     "LineTooLong",
-    "StreamedBody",
     "Upstream",
     "UpstreamResponse",
     "describe",
@@ -71,7 +70,7 @@ async def _exchange(
     method: str,
     path_qs: str,
     headers: CIMultiDict[str] | HeaderBlock,
-    body: bytes | StreamedBody | None,
+    body: bytes | None,
     read_timeout: float | None,
     *,
     streaming: bool,
@@ -197,7 +196,7 @@ class Upstream:
         path_qs: str,
         *,
         headers: Mapping[str, str] | CIMultiDict[str] | HeaderBlock | None = None,
-        body: bytes | StreamedBody | None = None,
+        body: bytes | None = None,
         verb: str = "get",
         streaming: bool = False,
         read_timeout: float | None = None,
@@ -307,7 +306,6 @@ class Upstream:
                 status == 401
                 and attempt == 0
                 and forwarded_auth is None
-                and not isinstance(body, StreamedBody)  # sent already, it cannot be sent again
                 and self.target.invalidate(auth)
             ):
                 # A rotated token file or an exec credential the apiserver no longer takes:

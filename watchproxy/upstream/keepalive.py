@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import AsyncIterable
 from typing import cast
 
 from watchproxy.upstream.http1 import (
@@ -53,7 +52,6 @@ class PooledConnection(asyncio.BufferedProtocol):
         self._waiter: asyncio.Future[None] | None = None
         self._paused = False
         self._answered = False
-        self._writable: asyncio.Future[None] | None = None  # set while the socket buffer is full
         self._expired = False  # the request's deadline passed before its answer's head came
         # The deadline for the answer's head (loop time; None: none in force) and the one timer
         # that checks it, armed lazily: a request's timer is rarely due, and one call_at and one
@@ -105,18 +103,8 @@ class PooledConnection(asyncio.BufferedProtocol):
             )
             self._error = Broken(reason, before_answer=not self._answered)
         self._wake()
-        self.resume_writing()
         if not self.closed.done():
             self.closed.set_result(None)
-
-    def pause_writing(self) -> None:
-        if self._writable is None:
-            self._writable = self._loop.create_future()
-
-    def resume_writing(self) -> None:
-        writable, self._writable = self._writable, None
-        if writable is not None and not writable.done():
-            writable.set_result(None)
 
     # the exchange
 
@@ -161,24 +149,6 @@ class PooledConnection(asyncio.BufferedProtocol):
         if self._head is None:  # the wait for it ends in TimeoutError
             self._expired = True
             self._wake()
-            self.resume_writing()
-
-    async def send_body(self, body: AsyncIterable[bytes], *, chunked: bool) -> None:
-        """Write a request body as it comes, at the pace the apiserver reads it. An answer that
-        comes before the end (a refusal) stops the writing; the answer is what counts."""
-        async for part in body:
-            if self._head is not None or self._error is not None:
-                return
-            if self.transport is None:
-                raise Broken("the connection closed while the request body was sent")
-            if part:
-                self.transport.write(b"%x\r\n%s\r\n" % (len(part), part) if chunked else part)
-            if self._writable is not None:
-                await self._writable
-            if self._expired:
-                raise TimeoutError
-        if chunked and self.transport is not None and self._head is None:
-            self.transport.write(b"0\r\n\r\n")
 
     async def head(self) -> ResponseHead:
         while self._head is None:

@@ -22,7 +22,7 @@ import asyncio
 import collections
 import ssl
 import time
-from collections.abc import AsyncIterable, Callable
+from collections.abc import Callable
 from typing import Protocol
 
 from watchproxy.upstream.http1 import Broken
@@ -81,21 +81,16 @@ class ConnectionPool:
         connect_timeout: float,
         head_request: bool = False,
         may_resend: bool,
-        body: AsyncIterable[bytes] | None = None,
-        chunked: bool = False,
         read_timeout: float | None = None,
         deadline: float | None = None,
     ) -> PooledAnswer:
-        """Send one request (its encoded head, and its body when it is bytes) and wait for the
-        head of its answer. ``body``: a body streamed after the head (``chunked``: framed in
-        chunks, its length unknown). ``read_timeout``: the longest silence while its body is read.
+        """Send one request (its encoded head and body) and wait for the head of its answer.
+        ``read_timeout``: the longest silence while the answer's body is read.
 
         A reused connection the apiserver closed just as the request went out fails before any
-        byte of an answer; ``may_resend`` (an idempotent request whose body is in ``data``) sends
+        byte of an answer; ``may_resend`` (an idempotent request) sends
         it once more on a fresh connection. Raises Broken, or whatever the dialer raises.
         """
-        if body is not None:
-            may_resend = False  # a streamed body cannot be sent twice
         if ssl_context is not self._ssl_context:
             # A rotated CA: connections made with the old trust are not kept for new requests.
             self._ssl_context = ssl_context
@@ -112,8 +107,6 @@ class ConnectionPool:
             connection.set_deadline(expires)
             resend = False
             try:
-                if body is not None:
-                    await connection.send_body(body, chunked=chunked)
                 head = await connection.head()
             except Broken as broken:
                 connection.abort()

@@ -10,7 +10,7 @@ down, every socket created and owned by the event loop.
 from __future__ import annotations
 
 import ssl
-from collections.abc import AsyncIterable, Callable
+from collections.abc import Callable
 
 import aiohttp
 from multidict import CIMultiDict
@@ -31,16 +31,6 @@ from watchproxy.upstream.response import StreamAnswer, UpstreamResponse
 IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
 # Methods whose request carries a Content-Length even without a body, as clients send them.
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
-
-
-class StreamedBody:
-    """A request body sent upstream as it arrives; ``length`` None: unknown (chunked)."""
-
-    __slots__ = ("length", "parts")
-
-    def __init__(self, parts: AsyncIterable[bytes], length: int | None) -> None:
-        self.parts = parts
-        self.length = length
 
 
 class Transports:
@@ -101,7 +91,7 @@ class Transports:
         method: str,
         path_qs: str,
         headers: CIMultiDict[str] | HeaderBlock,
-        body: bytes | StreamedBody | None,
+        body: bytes | None,
         read_timeout: float | None,
         deadline: float | None = None,
         *,
@@ -110,16 +100,10 @@ class Transports:
         """A one-shot request on a pooled connection; returns once the answer's head came
         (TimeoutError when it has not within ``deadline`` seconds). ``auth``: the credential
         that goes with a HeaderBlock (other headers carry theirs)."""
-        streamed = body if isinstance(body, StreamedBody) else None
         # The body's framing field, if any: beside a HeaderBlock, or in the headers.
         framing: tuple[str, str] | None = None
-        if streamed is not None:
-            if streamed.length is None:
-                framing = ("Transfer-Encoding", "chunked")
-            else:
-                framing = ("Content-Length", str(streamed.length))
-        elif isinstance(body, bytes) or method in BODY_METHODS:
-            framing = ("Content-Length", str(len(body) if isinstance(body, bytes) else 0))
+        if body is not None or method in BODY_METHODS:
+            framing = ("Content-Length", str(len(body) if body is not None else 0))
         target = self._path_prefix + path_qs
         try:
             if isinstance(headers, HeaderBlock):
@@ -138,13 +122,11 @@ class Transports:
         except ValueError as error:
             raise BadRequest(str(error)) from None
         return await self.pool.request(
-            head + body if isinstance(body, bytes) and body else head,
+            head + body if body else head,
             ssl_context=self._ssl_context(),
             connect_timeout=self.config.connect_timeout_seconds,
             head_request=method == "HEAD",
             may_resend=method in IDEMPOTENT,
-            body=streamed.parts if streamed is not None else None,
-            chunked=streamed is not None and streamed.length is None,
             read_timeout=read_timeout,
             deadline=deadline,
         )
@@ -154,7 +136,7 @@ class Transports:
         method: str,
         path_qs: str,
         headers: CIMultiDict[str],
-        body: bytes | StreamedBody | None,
+        body: bytes | None,
         read_timeout: float | None,
     ) -> UpstreamResponse:
         """A streamed request through aiohttp's client; returns once the answer's head came."""
@@ -165,7 +147,7 @@ class Transports:
             method,
             URL(self.target.server + path_qs, encoded=True),
             headers=headers,
-            data=body.parts if isinstance(body, StreamedBody) else body,
+            data=body,
             timeout=timeout,
             allow_redirects=False,
             ssl=self.target.ssl_context or True,  # replaced when a cert rotates
