@@ -223,8 +223,8 @@ class FastLane:
                 self.handler.check_client_limit(client.remote, route.verb)
                 for kind in route.kinds[:-1]:  # the LIST services, before the pass-through
                     listed = await self._list(kind, route, head, key)
-                    # big-lists: a batch's answer too big to hold whole, streamed to it; a
-                    # large one held whole, written from the shared bytes at the client's pace.
+                    # A batch's answer too big to hold whole is streamed to it; a large one
+                    # held whole is written from the shared bytes at the client's pace.
                     if isinstance(listed, StreamedAnswer) or (
                         isinstance(listed, Answer) and len(listed.body) > PACED_BODY_BYTES
                     ):
@@ -240,7 +240,6 @@ class FastLane:
                         )
                         await write_answer(listed, answer_head, client)
                         return
-                    # end big-lists
                     if listed is not None:
                         self._write_response(listed, client)
                         sent.status = listed.status

@@ -256,9 +256,12 @@ def classify(
         return Route(_REFUSED, verb, api_path, list_query, streaming, Refusal.DRAINING, closing)
     # Someone else's view (impersonation forwarded): the hub's state is not theirs to serve.
     hub = routing.hub and not impersonating
+    # Whether the hub may serve this request if it is a watch. A negative timeoutSeconds is
+    # valid and ends the watch at once: the apiserver's call.
+    hub_watch = hub and list_query is not None and (list_query.timeout_seconds or 0) >= 0
     if upgrade and verb == "watch" and is_websocket_request(headers):
         # A watch over WebSocket (fabric8's default): served as any watch, else relayed.
-        if hub and list_query is not None and (list_query.timeout_seconds or 0) >= 0:
+        if hub_watch:
             return Route(_HUB_WEBSOCKET_WATCH, verb, api_path, list_query, True)
         if routing.upgrades:
             return Route(_UPGRADE, verb, api_path, list_query, True)
@@ -269,8 +272,7 @@ def classify(
             return Route(_REFUSED, verb, api_path, list_query, streaming, why, refused)
         return Route(_UPGRADE, verb, api_path, list_query, streaming)
     if verb == "watch":
-        # A negative timeoutSeconds is valid and ends the watch at once: the apiserver's call.
-        if hub and list_query is not None and (list_query.timeout_seconds or 0) >= 0:
+        if hub_watch:
             return Route(_HUB_WATCH, verb, api_path, list_query, True)
         unshared = "impersonation" if routing.hub and impersonating else None
         return Route(_PASSTHROUGH_STREAM, verb, api_path, list_query, True, None, None, unshared)
