@@ -33,6 +33,7 @@ from watchproxy.errors import ProxyError
 from watchproxy.hub.multiplexer import Headers
 from watchproxy.hub.watchkey import identity_of
 from watchproxy.kube.apipath import ApiPath
+from watchproxy.kube.requestinfo import selector_name
 from watchproxy.kube.watchquery import WatchQuery
 from watchproxy.metrics import Metrics
 from watchproxy.policy.authorization import (
@@ -159,7 +160,7 @@ def attributes_of(verb: str, api_path: ApiPath, query: WatchQuery | None) -> Att
         label_selector = query.label_selector_canonical
         field_selector = query.field_selector_canonical
         if not name:
-            name = _exact_name(query)
+            name = selector_name(query.field_selector)
     return Attributes(
         verb=verb,
         group=api_path.group,
@@ -171,18 +172,6 @@ def attributes_of(verb: str, api_path: ApiPath, query: WatchQuery | None) -> Att
         label_selector=label_selector,
         field_selector=field_selector,
     )
-
-
-def _exact_name(query: WatchQuery) -> str:
-    """``fields.Selector.RequiresExactMatch("metadata.name")``, kept only where the apiserver
-    keeps it (a valid path segment name)."""
-    for requirement in query.field_selector.requirements:
-        if requirement.field == "metadata.name" and requirement.operator == "=":
-            value = requirement.value
-            if value in (".", "..") or "/" in value or "%" in value:
-                return ""
-            return value
-    return ""
 
 
 def _reads_json(accept: str | None) -> bool:
