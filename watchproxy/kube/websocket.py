@@ -149,8 +149,8 @@ def frame_events(payload: bytes, *, binary: bool) -> bytes:
 
 
 def frame_lines(lines: Sequence[bytes], *, binary: bool) -> list[bytes]:
-    """``lines`` (whole events each) as buffers for ``writelines``: the shared lines are not
-    copied, only their heads are made (binary events skip their 4-byte prefix, a view)."""
+    """``lines`` (whole events each) as buffers for ``writelines``: text lines are not copied,
+    only their heads are made; a binary event is copied without its 4-byte prefix."""
     opcode = BINARY if binary else TEXT
     buffers: list[bytes] = []
     for line in lines:
