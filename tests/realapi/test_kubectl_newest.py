@@ -4,9 +4,9 @@ against the real apiserver: every command prints what it prints direct.
 One session of everyday commands runs twice, in two fresh namespaces: once straight at the
 apiserver, once through watchproxy. Client-side and server-side apply, diff, get (JSON, a
 jsonpath, and a watch with its events), describe, label, auth can-i, api-resources (aggregated
-discovery) and delete; each command's exit code, stdout and stderr must be the same, apart from
-the namespace's name and what differs between any two runs (diff's temporary file names,
-timestamps, uids).
+discovery), create and replace of a 300 KB configmap, and delete; each command's exit code,
+stdout and stderr must be the same, apart from the namespace's name and what differs between
+any two runs (diff's temporary file names, timestamps, uids).
 """
 
 from __future__ import annotations
@@ -45,6 +45,17 @@ metadata:
 data:
   size: large
 """
+# A body well over the 64 KiB the fast lane reads itself: read whole under the body budget
+# (policy/bodybudget.py) before it goes upstream, by POST (create) and PUT (replace).
+BIG = f"""\
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: big
+data:
+  blob: {"x" * 300_000}
+"""
+BIG_CHANGED = BIG.replace("x" * 300_000, "y" * 300_000)
 WATCH_FORMAT = 'jsonpath={.type} {.object.metadata.name} {.object.data}{"\\n"}'
 # What differs between any two runs of the same command.
 VOLATILE = (
@@ -123,6 +134,10 @@ async def session(binary: str, kubeconfig: str, namespace: str, direct: Api) -> 
         (("api-resources", "--sort-by=name"), None),
         (("get", "configmap", "missing"), None),  # exit 1: NotFound, as the apiserver says
         (("delete", "configmap", "demo"), None),
+        (("create", "-f", "-"), BIG),
+        (("replace", "-f", "-"), BIG_CHANGED),
+        (("get", "configmap", "big", "-o", "jsonpath={.data.blob}"), None),
+        (("delete", "configmap", "big"), None),
     ]
     out: list[str] = []
     for args, stdin in commands:
