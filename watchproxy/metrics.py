@@ -11,7 +11,6 @@ from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.exposition import generate_latest
-from prometheus_client.metrics import MetricWrapperBase
 
 from watchproxy import __version__
 from watchproxy.backoffdelay import BackoffDelay
@@ -29,7 +28,7 @@ from watchproxy.metricsbase import (
 # policy.adaptive.LimitReason's values (a test keeps them equal): every reason's series exists.
 CONCURRENCY_LIMIT_REASONS = ("initial", "growth", "429", "5xx", "timeout", "connection", "latency")
 
-_M = TypeVar("_M", bound=MetricWrapperBase)
+_M = TypeVar("_M", Counter, Gauge, Histogram, LoopCounter, LoopHistogram)
 
 
 class Metrics:
@@ -344,15 +343,14 @@ class Metrics:
             "verdict applied (from the cache or a review): allowed (served), denied (answered "
             "403) or pass (passed through to the apiserver).", ["verdict"],
         )  # fmt: skip
-        # The children touched by every proxied request, looked up once each.
-        self.requests_by: Children[Counter] = Children(self.requests)
-        self.request_duration_by: Children[Histogram] = Children(self.request_duration)
-        self.stream_duration_by: Children[Histogram] = Children(self.stream_duration)
+        # The series every proxied request touches: a loop family's labels() is one dict
+        # lookup, the gauge's children are looked up once each.
+        self.requests_by = self.requests.labels
+        self.request_duration_by = self.request_duration.labels
+        self.stream_duration_by = self.stream_duration.labels
         self.in_flight_by: Children[Gauge] = Children(self.in_flight)
-        self.upstream_requests_by: Children[Counter] = Children(self.upstream_requests)
-        self.upstream_request_duration_by: Children[Histogram] = Children(
-            self.upstream_request_duration
-        )
+        self.upstream_requests_by = self.upstream_requests.labels
+        self.upstream_request_duration_by = self.upstream_request_duration.labels
 
     def _add(
         self,
