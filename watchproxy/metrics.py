@@ -1,7 +1,7 @@
 """Prometheus collectors, on a registry owned by one proxy instance (so tests can run several).
 
 ``docs/metrics.md`` holds the table of every metric; ``python -m watchproxy.metrics`` prints it
-and a test keeps the two equal.
+(:func:`markdown_table`) and a test keeps the two equal.
 """
 
 from __future__ import annotations
@@ -397,7 +397,20 @@ class Metrics:
         return generate_latest(self.registry)
 
 
-if __name__ == "__main__":
-    from watchproxy.metricsdoc import markdown_table
+def markdown_table(metrics: Metrics | None = None) -> str:
+    """The table of docs/metrics.md: every metric of a fresh registry, in registration order."""
+    metrics = metrics or Metrics()
+    rows = ["| metric | type | labels | meaning |", "| --- | --- | --- | --- |"]
+    for doc in metrics.catalog:
+        labels = ", ".join(f"`{label}`" for label in doc.labels)
+        rows.append(f"| `{doc.name}` | {doc.type} | {labels} | {doc.help} |")
+    own = {doc.name for doc in metrics.catalog}
+    for family in metrics.registry.collect():
+        if family.name.startswith("process_") and family.name not in own:
+            name = family.name + ("_total" if family.type == "counter" else "")
+            rows.append(f"| `{name}` | {family.type} |  | {family.documentation} |")
+    return "\n".join(rows) + "\n"
 
+
+if __name__ == "__main__":
     print(markdown_table(), end="")
