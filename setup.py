@@ -2,8 +2,8 @@
 
 Everything else about the package is in ``pyproject.toml``. Why these modules: a busy
 controller's requests spend most of the proxy's CPU in the Python of the fast lane, the pooled
-upstream connection and the limiter (``bench/README.md``, "Compiled"), and compiled they cost
-about a fifth less CPU per request. Each must stay compilable: ``scripts/compiled-tree.sh``
+upstream connection and the limiter, and compiled they cost less CPU per request
+(``bench/README.md``, "Compiled"). Each must stay compilable: ``python -m tests.compiledtree``
 builds them, and the suite's compiled tier runs against the result.
 """
 
@@ -11,7 +11,7 @@ import os
 
 from setuptools import setup
 
-# Kept in one place: scripts/compiled-tree.sh and tests/unit/test_compiled.py read it from here.
+# Kept in one place: tests/compiledtree.py and tests/unit/test_compiled.py read it from here.
 COMPILED_MODULES = [
     "watchproxy/kube/fieldselectors.py",
     "watchproxy/kube/headers.py",

@@ -4,10 +4,10 @@ glibc serves an allocation of at least ``M_MMAP_THRESHOLD`` (128 KiB) with its o
 back to the system when freed, but by default it raises that threshold to the size of every
 such block freed, up to 32 MiB. The hub reads each LIST page (about 1.2 MB for 500 pods) into
 one buffer: after the first page is freed, the next pages come from the main heap instead, and
-the holes they leave between the 2.4 KB lines of the cached objects stay resident.
-bench.collection, 10,000 pods (24.4 MB of JSON): RSS growth 31.1 MB with the moving threshold,
-29.0 MB with it fixed at 128 KiB (1.27 -> 1.18 bytes per byte). Setting it explicitly turns
-the moving threshold off. Other C libraries (musl) have no mallopt: nothing is done there.
+the holes they leave between the 2.4 KB lines of the cached objects stay resident, so a large
+collection's sync grows RSS more (bench.collection; bench/README.md, "Figures behind the
+code"). Setting it explicitly turns the moving threshold off. Other C libraries (musl) have no
+mallopt: nothing is done there.
 """
 
 from __future__ import annotations

@@ -69,11 +69,11 @@ def probe_policy(config: Config) -> BackoffPolicy:
     ``g`` seconds at the cap, the first event after the apiserver returns is about ``g / 2``
     late on average, and a 30 s outage costs about ``2 + ramp + 30 / g`` connection attempts
     (two failed dials declare it down, then the probes; the ramp is the probes before the cap).
-    The default 8 s (delays in [6, 8] s at the cap) keeps a 30 s outage to 8-10 attempts (the
-    benchmarks measured 8 and 9), with the first event about 3.5-4 s after recovery (it was
-    10 s with the 30 s cap the shared watches use). A 2 s median would need a probe every
-    ~3.5 s: 10 or more attempts per 30 s, which is exactly the load on a struggling apiserver
-    that watchproxy exists to remove.
+    The default 8 s (delays in [6, 8] s at the cap) keeps a 30 s outage to 8-10 attempts, with
+    the first event about 3.5-4 s after recovery, where the 30 s cap the shared watches use
+    made it 10 s (bench.outage: bench/README.md, "Figures behind the code"). A 2 s median would
+    need a probe every ~3.5 s: 10 or more attempts per 30 s, which is exactly the load on a
+    struggling apiserver that watchproxy exists to remove.
     """
     b = config.backoff
     return BackoffPolicy(

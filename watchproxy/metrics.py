@@ -1,20 +1,19 @@
 """Prometheus collectors, on a registry owned by one proxy instance (so tests can run several).
 
 ``docs/metrics.md`` holds the table of every metric; ``python -m watchproxy.metrics`` prints it
-and a test keeps the two equal.
+(:func:`markdown_table`) and a test keeps the two equal.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.exposition import generate_latest
-from prometheus_client.metrics import MetricWrapperBase
 
 from watchproxy import __version__
-from watchproxy.backoffdelay import BackoffDelay
 from watchproxy.metricsbase import (
     LATENCY_BUCKETS,
     LOOP_LAG_BUCKETS,
@@ -29,7 +28,35 @@ from watchproxy.metricsbase import (
 # policy.adaptive.LimitReason's values (a test keeps them equal): every reason's series exists.
 CONCURRENCY_LIMIT_REASONS = ("initial", "growth", "429", "5xx", "timeout", "connection", "latency")
 
-_M = TypeVar("_M", bound=MetricWrapperBase)
+_M = TypeVar("_M", Counter, Gauge, Histogram, LoopCounter, LoopHistogram)
+
+
+class BackoffDelay:
+    """``watchproxy_backoff_delay_seconds``: the longest backoff wait still under way, else 0.
+
+    Its writers (the connectivity prober and every shared watch) call ``set(delay)`` just
+    before they sleep ``delay`` seconds, and no writer says when its sleep is over. So the
+    gauge cannot hold the value written last (that stayed at the last delay after recovery):
+    each ``set`` records a wait ending ``delay`` seconds later, and a scrape reads the longest
+    wait that has not ended. A wait cut short (its shared watch closed) counts until its end.
+    """
+
+    def __init__(self, gauge: Gauge, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._waits: list[tuple[float, float]] = []  # (ends at, delay)
+        gauge.set_function(self.value)
+
+    def set(self, delay: float) -> None:
+        """A writer starts waiting ``delay`` seconds (0: it is not waiting)."""
+        now = self._clock()
+        # Bounded: at most one wait under way per shared watch, plus the prober's.
+        self._waits = [wait for wait in self._waits if wait[0] > now]
+        if delay > 0:
+            self._waits.append((now + delay, delay))
+
+    def value(self) -> float:
+        now = self._clock()
+        return max((delay for ends, delay in self._waits if ends > now), default=0.0)
 
 
 class Metrics:
@@ -47,9 +74,11 @@ class Metrics:
         add = self._add
         # Build and process.
         self.build_info = add(
-            Gauge, "watchproxy_build_info", "Always 1; the version label says which watchproxy.",
+            Gauge,
+            "watchproxy_build_info",
+            "Always 1; the version label says which watchproxy.",
             ["version"],
-        )  # fmt: skip
+        )
         self.build_info.labels(__version__).set(1)
         ProcessCollector(registry=self.registry)
         self.event_loop_lag = add(
@@ -159,14 +188,17 @@ class Metrics:
             "(a socket closed twice). Anything but 0 is a bug: see upstream/connector.py.",
         )
         self.watch_upstream_opens = add(
-            Counter, "watchproxy_watch_upstream_opens",
+            Counter,
+            "watchproxy_watch_upstream_opens",
             "Upstream lists and watches opened by shared watches.",
-        )  # fmt: skip
-        self.backoff_delay = BackoffDelay(add(
-            Gauge, "watchproxy_backoff_delay_seconds",
+        )
+        backoff_delay = add(
+            Gauge,
+            "watchproxy_backoff_delay_seconds",
             "The longest backoff wait under way, by the connectivity prober while the apiserver "
             "is unreachable or by a shared watch after a failed upstream watch (0 when none).",
-        ))  # fmt: skip
+        )
+        self.backoff_delay = BackoffDelay(backoff_delay)
         self.backoff_seconds = add(
             Counter,
             "watchproxy_backoff_seconds",
@@ -185,21 +217,26 @@ class Metrics:
             "429 answers received from the apiserver (API Priority and Fairness).",
         )
         self.upstream_concurrency_limit = add(
-            Gauge, "watchproxy_upstream_concurrency_limit",
+            Gauge,
+            "watchproxy_upstream_concurrency_limit",
             "Upstream requests (streams excluded) that may be in flight at once now: the adaptive "
             "limit, or ratelimit.max_concurrent where that is smaller (0: no limit).",
-        )  # fmt: skip
+        )
         self.upstream_concurrency_limit_changes = add(
-            Counter, "watchproxy_upstream_concurrency_limit_changes",
+            Counter,
+            "watchproxy_upstream_concurrency_limit_changes",
             "Moves of the adaptive concurrency limit, by reason: growth (requests queued for it, "
             "answers healthy), or a cut on 429, 5xx, timeout, connection (an answer cut off) or "
-            "latency (answers slowing down).", ["reason"],
-        )  # fmt: skip
+            "latency (answers slowing down).",
+            ["reason"],
+        )
         self.upstream_concurrency_limit_reason = add(
-            Gauge, "watchproxy_upstream_concurrency_limit_reason",
+            Gauge,
+            "watchproxy_upstream_concurrency_limit_reason",
             "1 for the reason the adaptive concurrency limit last moved (initial: it never "
-            "moved), 0 for the others.", ["reason"],
-        )  # fmt: skip
+            "moved), 0 for the others.",
+            ["reason"],
+        )
         for reason in CONCURRENCY_LIMIT_REASONS:
             self.upstream_concurrency_limit_reason.labels(reason).set(reason == "initial")
         self.ratelimit_wait = add(
@@ -209,36 +246,47 @@ class Metrics:
         )
         # Watch hub.
         self.shared_watches = add(
-            Gauge, "watchproxy_shared_watches",
+            Gauge,
+            "watchproxy_shared_watches",
             "Shared upstream watches (one per distinct watch key).",
-        )  # fmt: skip
+        )
         self.subscribers = add(
-            Gauge, "watchproxy_watch_subscribers",
-            "Client watches served by the hub, by resource.", ["resource"],
-        )  # fmt: skip
+            Gauge,
+            "watchproxy_watch_subscribers",
+            "Client watches served by the hub, by resource.",
+            ["resource"],
+        )
         self.events_received = add(
-            Counter, "watchproxy_watch_events_received",
-            "Events received from upstream watches, by resource.", ["resource"],
-        )  # fmt: skip
+            Counter,
+            "watchproxy_watch_events_received",
+            "Events received from upstream watches, by resource.",
+            ["resource"],
+        )
         self.events_sent = add(
-            Counter, "watchproxy_watch_events_sent",
+            Counter,
+            "watchproxy_watch_events_sent",
             "Events written to client watches (replays and synthetic ADDED too), by resource.",
             ["resource"],
-        )  # fmt: skip
+        )
         self.fanout_delay = add(
-            Histogram, "watchproxy_fanout_delay_seconds",
+            Histogram,
+            "watchproxy_fanout_delay_seconds",
             "How long a key's fan-out held new events to write them to its caught-up clients "
-            "together (hub.fanout_cpu_share), per pass, by resource.", ["resource"],
+            "together (hub.fanout_cpu_share), per pass, by resource.",
+            ["resource"],
             buckets=LOOP_LAG_BUCKETS,
-        )  # fmt: skip
+        )
         self.bytes_sent = add(
-            Counter, "watchproxy_watch_sent_bytes",
-            "Bytes written to client watch streams, by resource.", ["resource"],
-        )  # fmt: skip
+            Counter,
+            "watchproxy_watch_sent_bytes",
+            "Bytes written to client watch streams, by resource.",
+            ["resource"],
+        )
         self.history_events = add(
-            Gauge, "watchproxy_watch_history_events",
+            Gauge,
+            "watchproxy_watch_history_events",
             "Events held in the history rings of all shared watches.",
-        )  # fmt: skip
+        )
         # The hub feeds these (set_function or set); see their attributes' comments.
         # history_bytes: the encoded bytes the history rings of a resource's shared watches
         # hold together. By resource, not by watch key: every selector and representation is
@@ -253,29 +301,35 @@ class Metrics:
         )
         # history_budget_bytes: the configured cap on the sum of history_bytes (0: none).
         self.history_budget_bytes = add(
-            Gauge, "watchproxy_history_budget_bytes",
+            Gauge,
+            "watchproxy_history_budget_bytes",
             "Upper bound on the bytes all history rings may hold together (0 means no bound).",
-        )  # fmt: skip
+        )
         self.cache_bytes = add(
-            Gauge, "watchproxy_cache_bytes",
+            Gauge,
+            "watchproxy_cache_bytes",
             "Bytes of cached objects (the current state of every shared watch) held in total.",
-        )  # fmt: skip
+        )
         self.cache_budget_bytes = add(
-            Gauge, "watchproxy_cache_budget_bytes",
+            Gauge,
+            "watchproxy_cache_budget_bytes",
             "Upper bound on watchproxy_cache_bytes when a new key is listed (0 means no bound).",
-        )  # fmt: skip
+        )
         self.replays = add(
-            Counter, "watchproxy_watch_replays",
+            Counter,
+            "watchproxy_watch_replays",
             "Client watches started from a resourceVersion served from the history ring.",
-        )  # fmt: skip
+        )
         self.expired = add(
-            Counter, "watchproxy_watch_expired",
+            Counter,
+            "watchproxy_watch_expired",
             "In-stream 410 Expired written by the hub (an RV a relist made ambiguous).",
-        )  # fmt: skip
+        )
         self.slow_subscribers = add(
-            Counter, "watchproxy_watch_slow_subscribers_ended",
+            Counter,
+            "watchproxy_watch_slow_subscribers_ended",
             "Client watches ended because they fell too far behind.",
-        )  # fmt: skip
+        )
         self.relist_group_cuts = add(
             Counter,
             "watchproxy_watch_relist_group_cuts",
@@ -283,9 +337,10 @@ class Metrics:
             "went away): a client resuming at the group's resourceVersion misses its rest.",
         )
         self.relists = add(
-            Counter, "watchproxy_watch_relists",
+            Counter,
+            "watchproxy_watch_relists",
             "Relists of a shared watch after the upstream answered 410 Expired.",
-        )  # fmt: skip
+        )
         self.lists_batched = add(
             LoopCounter,
             "watchproxy_lists_batched",
@@ -293,13 +348,15 @@ class Metrics:
             "with identical requests that arrived while the previous one was in flight.",
         )
         self.list_batches = add(
-            LoopCounter, "watchproxy_list_batches",
+            LoopCounter,
+            "watchproxy_list_batches",
             "Upstream LISTs sent for batches of identical LIST requests (see lists_batched).",
-        )  # fmt: skip
+        )
         self.list_batches_streamed = add(
-            LoopCounter, "watchproxy_list_batches_streamed",
+            LoopCounter,
+            "watchproxy_list_batches_streamed",
             "Batches whose answer outgrew limits.list_batch_max_bytes, streamed to their members.",
-        )  # fmt: skip
+        )
         self.consistent_lists = add(
             Counter,
             "watchproxy_consistent_lists",
@@ -318,41 +375,48 @@ class Metrics:
             "consistent LISTs (shared by concurrent ones) and watches from now (one each).",
         )
         self.freshness_watch_lists = add(
-            Counter, "watchproxy_freshness_watch_lists", "Watch-lists that showed a small key "
+            Counter,
+            "watchproxy_freshness_watch_lists",
+            "Watch-lists that showed a small key "
             "current for a watch from now, by outcome: same, caught-up, replayed, unavailable.",
-            ["outcome"])  # fmt: skip
+            ["outcome"],
+        )
         self.lists_from_cache = add(
-            Counter, "watchproxy_lists_from_cache",
+            Counter,
+            "watchproxy_lists_from_cache",
             "LIST requests with resourceVersion=0 answered from a shared watch's state.",
-        )  # fmt: skip
+        )
         self.passthrough_watches = add(
-            Counter, "watchproxy_watch_passthrough",
+            Counter,
+            "watchproxy_watch_passthrough",
             "Client watches passed through unshared (the hub cannot serve them), by reason.",
             ["reason"],
-        )  # fmt: skip
+        )
         # security.identity: forward (lists.sharedaccess).
         self.authorization_reviews = add(
-            Counter, "watchproxy_authorization_reviews",
+            Counter,
+            "watchproxy_authorization_reviews",
             "SelfSubjectAccessReviews sent upstream with a client's credential before serving "
             "it shared state (security.identity: forward), by outcome: allowed, denied, pass "
             "(the apiserver answers the client itself) or unanswered (no answer, 5xx, 429).",
             ["outcome"],
-        )  # fmt: skip
+        )
         self.authorization_verdicts = add(
-            Counter, "watchproxy_authorization_verdicts",
+            Counter,
+            "watchproxy_authorization_verdicts",
             "Requests the hub would serve from shared state in forward identity mode, by the "
             "verdict applied (from the cache or a review): allowed (served), denied (answered "
-            "403) or pass (passed through to the apiserver).", ["verdict"],
-        )  # fmt: skip
-        # The children touched by every proxied request, looked up once each.
-        self.requests_by: Children[Counter] = Children(self.requests)
-        self.request_duration_by: Children[Histogram] = Children(self.request_duration)
-        self.stream_duration_by: Children[Histogram] = Children(self.stream_duration)
-        self.in_flight_by: Children[Gauge] = Children(self.in_flight)
-        self.upstream_requests_by: Children[Counter] = Children(self.upstream_requests)
-        self.upstream_request_duration_by: Children[Histogram] = Children(
-            self.upstream_request_duration
+            "403) or pass (passed through to the apiserver).",
+            ["verdict"],
         )
+        # The series every proxied request touches: a loop family's labels() is one dict
+        # lookup, the gauge's children are looked up once each.
+        self.requests_by = self.requests.labels
+        self.request_duration_by = self.request_duration.labels
+        self.stream_duration_by = self.stream_duration.labels
+        self.in_flight_by: Children[Gauge] = Children(self.in_flight)
+        self.upstream_requests_by = self.upstream_requests.labels
+        self.upstream_request_duration_by = self.upstream_request_duration.labels
 
     def _add(
         self,
@@ -364,7 +428,8 @@ class Metrics:
         buckets: tuple[float, ...] | None = None,
     ) -> _M:
         extra: dict[str, Any] = {} if buckets is None else {"buckets": buckets}
-        metric = kind(name, documentation, labels or [], registry=self.registry, **extra)
+        # Annotated: mypyc's check of this module reads the constrained call as Any.
+        metric: _M = kind(name, documentation, labels or [], registry=self.registry, **extra)
         self.catalog.append(MetricDoc.of(kind, name, documentation, tuple(labels or ())))
         return metric
 
@@ -399,7 +464,20 @@ class Metrics:
         return generate_latest(self.registry)
 
 
-if __name__ == "__main__":
-    from watchproxy.metricsdoc import markdown_table
+def markdown_table(metrics: Metrics | None = None) -> str:
+    """The table of docs/metrics.md: every metric of a fresh registry, in registration order."""
+    metrics = metrics or Metrics()
+    rows = ["| metric | type | labels | meaning |", "| --- | --- | --- | --- |"]
+    for doc in metrics.catalog:
+        labels = ", ".join(f"`{label}`" for label in doc.labels)
+        rows.append(f"| `{doc.name}` | {doc.type} | {labels} | {doc.help} |")
+    own = {doc.name for doc in metrics.catalog}
+    for family in metrics.registry.collect():
+        if family.name.startswith("process_") and family.name not in own:
+            name = family.name + ("_total" if family.type == "counter" else "")
+            rows.append(f"| `{name}` | {family.type} |  | {family.documentation} |")
+    return "\n".join(rows) + "\n"
 
+
+if __name__ == "__main__":
     print(markdown_table(), end="")

@@ -1,5 +1,5 @@
-"""What the metrics module is built from: bucket layouts, the rows of the metrics table, and
-the event-loop lag sampler."""
+"""What the metrics module is built from: bucket layouts, the lock-free request series, the rows
+of the metrics table, and the event-loop lag sampler."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import bisect
 import builtins
 import contextlib
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, cast
 
-from prometheus_client import Counter, Gauge, Histogram
-from prometheus_client import metrics as prometheus_metrics
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
@@ -24,13 +24,25 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 # Client watches live 30 to 60 minutes by default (hub.client_watch_*_seconds); exec sessions and
 # followed logs as long as the user likes. Fine steps early, where a broken client shows.
 STREAM_BUCKETS = (
-    1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0, 1200.0, 1800.0, 2400.0, 3000.0, 3600.0,
-)  # fmt: skip
+    1.0,
+    5.0,
+    15.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+    900.0,
+    1200.0,
+    1800.0,
+    2400.0,
+    3000.0,
+    3600.0,
+)
 LOOP_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
 Child = TypeVar("Child")
-_TYPE_NAMES = ((Counter, "counter"), (Gauge, "gauge"), (Histogram, "histogram"))
 
 
 class Children(Generic[Child]):
@@ -51,55 +63,184 @@ class Children(Generic[Child]):
         return child
 
 
-# Lock-free children for the series every proxied request touches (four updates a request).
-# prometheus_client takes a lock and checks the metric on every update, and a histogram walks
-# its buckets in Python: together a tenth of the proxy's CPU per request. These series are only
-# ever updated and read on the event loop's thread (the scrape is served there too), so a plain
-# attribute is enough. The parents (labels(), collect(), exposition) are prometheus_client's.
+# Lock-free series for what every proxied request updates (four updates a request).
+# prometheus_client's Counter and Histogram take a lock and check the metric on every update, and
+# its histogram walks its buckets in Python: bench/README.md ("Lock-free request metrics") has the
+# micro-benchmark. These series are only ever updated and read on the event loop's thread (the
+# scrape is served there too), so a plain attribute is enough. They reach the registry through
+# prometheus_client's public collector API: each family is a collector that yields a
+# CounterMetricFamily or HistogramMetricFamily, exposed exactly as prometheus_client's own Counter
+# and Histogram expose the same updates (tests/unit/test_loop_metrics.py).
 
 
-class LoopCounter(Counter):
-    """A Counter whose children are updated on the event loop's thread only."""
+def created_series_exposed() -> bool:
+    """Whether prometheus_client exposes ``_created`` series now (turned off by the environment
+    variable PROMETHEUS_DISABLE_CREATED_SERIES or ``disable_created_metrics()``). The switch is
+    private to prometheus_client; what its own counter exposes is public."""
+    probe = Counter("watchproxy_probe", "", registry=None)
+    return any(s.name.endswith("_created") for family in probe.collect() for s in family.samples)
 
-    def _metric_init(self) -> None:
-        self._count = 0.0
-        self._created = time.time()
 
-    def inc(self, amount: float = 1, exemplar: dict[str, str] | None = None) -> None:
+class LoopCounterSeries:
+    """One series of a :class:`LoopCounter`: a count that only goes up."""
+
+    __slots__ = ("count", "created")
+
+    def __init__(self) -> None:
+        self.count = 0.0
+        self.created = time.time()
+
+    def inc(self, amount: float = 1) -> None:
         if amount < 0:
             raise ValueError("Counters can only be incremented by non-negative amounts.")
-        self._count += amount
-
-    def _child_samples(self) -> Iterable[Sample]:
-        total = Sample("_total", {}, self._count, None, None)
-        if prometheus_metrics._use_created:
-            return (total, Sample("_created", {}, self._created, None, None))
-        return (total,)
+        self.count += amount
 
 
-class LoopHistogram(Histogram):
-    """A Histogram whose children are updated on the event loop's thread only."""
+class LoopHistogramSeries:
+    """One series of a :class:`LoopHistogram`: a count per bucket and the sum observed."""
 
-    def _metric_init(self) -> None:
-        self._counts = [0] * len(self._upper_bounds)
-        self._total = 0.0
-        self._created = time.time()
+    __slots__ = ("bounds", "counts", "created", "total")
 
-    def observe(self, amount: float, exemplar: dict[str, str] | None = None) -> None:
-        self._total += amount
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * len(bounds)
+        self.total = 0.0
+        self.created = time.time()
+
+    def observe(self, amount: float) -> None:
+        self.total += amount
         # The first bucket whose upper bound is >= amount (the last bound is +Inf).
-        self._counts[bisect.bisect_left(self._upper_bounds, amount)] += 1
+        self.counts[bisect.bisect_left(self.bounds, amount)] += 1
 
-    def _child_samples(self) -> Iterable[Sample]:
-        samples, seen = [], 0.0
-        for bound, count in zip(self._upper_bounds, self._counts, strict=True):
-            seen += count
-            samples.append(Sample("_bucket", {"le": _le(bound)}, seen, None, None))
-        samples.append(Sample("_count", {}, seen, None, None))
-        samples.append(Sample("_sum", {}, self._total, None, None))
-        if prometheus_metrics._use_created:
-            samples.append(Sample("_created", {}, self._created, None, None))
-        return tuple(samples)
+
+Series = TypeVar("Series", LoopCounterSeries, LoopHistogramSeries)
+
+
+class _LoopFamily(Generic[Series]):
+    """A metric family whose series are updated and scraped on the event loop's thread only;
+    a collector on ``registry``. A family without labels has its one series from the start
+    (prometheus_client's families do the same: 0 is exposed before the first update)."""
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: Sequence[str] = (),
+        *,
+        registry: CollectorRegistry | None,
+    ) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.labelnames = tuple(labelnames)
+        self._series: dict[tuple[str, ...], Series] = {}
+        if not self.labelnames:
+            self._series[()] = self._new_series()
+        if registry is not None:
+            registry.register(self)
+
+    def _new_series(self) -> Series:
+        raise NotImplementedError
+
+    def labels(self, *values: str) -> Series:
+        """The series of these label values (in the order of the label names)."""
+        series = self._series.get(values)
+        if series is None:
+            if not self.labelnames or len(values) != len(self.labelnames):
+                raise ValueError(f"{self.name} has the labels {self.labelnames}, given {values}")
+            series = self._series[values] = self._new_series()
+        return series
+
+    def _only(self) -> Series:
+        if self.labelnames:
+            raise ValueError(f"{self.name} has labels {self.labelnames}: update one series")
+        return self._series[()]
+
+    def _family(self) -> Metric:
+        raise NotImplementedError
+
+    def collect(self) -> Iterator[Metric]:
+        """The family with a sample set per series (prometheus_client's Collector protocol)."""
+        raise NotImplementedError
+
+    def describe(self) -> Iterator[Metric]:
+        """The family without samples: how the registry learns the names it takes."""
+        yield self._family()
+
+
+class LoopCounter(_LoopFamily[LoopCounterSeries]):
+    """A counter whose series are updated on the event loop's thread only."""
+
+    def _new_series(self) -> LoopCounterSeries:
+        return LoopCounterSeries()
+
+    def inc(self, amount: float = 1) -> None:
+        self._only().inc(amount)
+
+    def _family(self) -> CounterMetricFamily:
+        return CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
+
+    def collect(self) -> Iterator[Metric]:
+        family = self._family()
+        created = created_series_exposed()
+        for values, series in self._series.items():
+            family.add_metric(values, series.count, series.created if created else None)
+        yield family
+
+
+class LoopHistogram(_LoopFamily[LoopHistogramSeries]):
+    """A histogram whose series are updated on the event loop's thread only."""
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: Sequence[str] = (),
+        *,
+        registry: CollectorRegistry | None,
+        buckets: Sequence[float],
+    ) -> None:
+        bounds = [float(bound) for bound in buckets]
+        if bounds != sorted(bounds) or len(set(bounds)) != len(bounds):
+            raise ValueError(f"{name}: buckets not in increasing order: {bounds}")
+        if not bounds or bounds[-1] != float("inf"):
+            bounds.append(float("inf"))
+        self._bounds = tuple(bounds)
+        self._le = tuple(_le(bound) for bound in bounds)
+        super().__init__(name, documentation, labelnames, registry=registry)
+
+    def _new_series(self) -> LoopHistogramSeries:
+        return LoopHistogramSeries(self._bounds)
+
+    def observe(self, amount: float) -> None:
+        self._only().observe(amount)
+
+    def _family(self) -> HistogramMetricFamily:
+        return HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
+
+    def collect(self) -> Iterator[Metric]:
+        family = self._family()
+        created = created_series_exposed()
+        for values, series in self._series.items():
+            buckets, seen = [], 0.0
+            for le, count in zip(self._le, series.counts, strict=True):
+                seen += count
+                buckets.append((le, seen))
+            family.add_metric(values, buckets, series.total)
+            if created:
+                # HistogramMetricFamily takes no creation time: the sample prometheus_client's
+                # Histogram adds after _sum, appended the same way.
+                labels = dict(zip(self.labelnames, values, strict=True))
+                family.samples.append(Sample(self.name + "_created", labels, series.created))
+        yield family
+
+
+_TYPE_NAMES = (
+    (Counter, "counter"),
+    (LoopCounter, "counter"),
+    (Gauge, "gauge"),
+    (Histogram, "histogram"),
+    (LoopHistogram, "histogram"),
+)
 
 
 @dataclass(frozen=True)
@@ -116,8 +257,8 @@ class MetricDoc:
         cls, kind: builtins.type, name: str, documentation: str, labels: tuple[str, ...]
     ) -> MetricDoc:
         """The row of a metric made as ``kind(name, documentation, labels)``."""
-        exposed = name + "_total" if issubclass(kind, Counter) else name
         type_name = next(t for base, t in _TYPE_NAMES if issubclass(kind, base))
+        exposed = name + "_total" if type_name == "counter" else name
         return cls(exposed, type_name, labels, documentation)
 
 

@@ -16,8 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.harness import read_watch, running_proxy, wait_for
 from watchproxy import __version__
-from watchproxy.metrics import Metrics
-from watchproxy.metricsdoc import markdown_table
+from watchproxy.metrics import Metrics, markdown_table
 
 PODS = "/api/v1/namespaces/default/pods"
 DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"

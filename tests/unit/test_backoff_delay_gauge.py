@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Gauge
 
-from watchproxy.backoffdelay import BackoffDelay
+from watchproxy.metrics import BackoffDelay
 
 
 def test_the_gauge_is_the_longest_wait_under_way_and_zero_after_the_last_ends() -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from watchproxy.hub.machine import IllegalTransition, MachineConfig, SharedWatchMachine
+from watchproxy.hub.machine import IllegalTransition, MachineConfig, SharedWatchMachine, Step
 from watchproxy.hub.outcomes import (
     Bookmark,
     Broken,
@@ -30,7 +30,6 @@ from watchproxy.hub.outcomes import (
     Silent,
     Sleep,
     Start,
-    Step,
     Stop,
     Unshareable,
     UpstreamBack,

@@ -23,7 +23,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from watchproxy.config import HubConfig
 from watchproxy.hub.cachetypes import StartPlan
-from watchproxy.hub.machine import MachineConfig, SharedWatchMachine
+from watchproxy.hub.machine import MachineConfig, SharedWatchMachine, Step
 from watchproxy.hub.outcomes import (
     Bookmark,
     Broken,
@@ -40,7 +40,6 @@ from watchproxy.hub.outcomes import (
     Silent,
     Sleep,
     Start,
-    Step,
     UpstreamBack,
     WaitForUpstream,
 )

@@ -34,8 +34,8 @@ class ListedObject:
     """A listed object in the form a watch cache keeps (see ``cachestate.listed``).
 
     Made as each LIST page arrives, so that a large collection is never held as parsed
-    Python objects all at once: about 6 bytes of RSS per byte of JSON, which the allocator
-    then keeps (bench.collection, 10,000 pods).
+    Python objects all at once: several bytes of RSS per byte of JSON, which the allocator
+    then keeps (bench.collection; bench/README.md, "Figures behind the code").
     """
 
     key: str

@@ -12,9 +12,10 @@ coding is part of a group's position. Groups that write the same events (the sam
 and min RV: they differ only in their start RV) share one framing per coding, and so does a
 subscriber that writes a batch from its own cursor (:meth:`Fanout.framed`, which keeps the last
 few): the common case costs one compression per batch of events, however many gzip clients
-there are. Measured (bench.gzip_watchers, 1,000 gzip watchers): framed per pass only, 3.7
-compressions per event, most of them by subscribers whose liveness timer woke them just before
-a pass and that wrote its events themselves; shared with them too, about one.
+there are. The framings are shared with such subscribers too because, framed per pass only,
+most compressions were theirs: a subscriber whose liveness timer woke it just before a pass
+writes that pass's events itself (``bench.gzip_watchers``; bench/README.md, "Figures behind
+the code").
 
 A sink whose buffer is over its high-water mark after the write, or whose client has gone, is
 *kicked*: it leaves the pass and its subscriber's task resumes on its own cursor (it drains,
@@ -23,16 +24,16 @@ the limits). The same happens to everyone when the pass cannot serve a group (a 
 an eviction: ``events_from`` says None) or the key is closed: the task decides, as before.
 
 Pacing (off unless ``hub.fanout_max_delay_seconds`` is set). A pass costs one ``write()`` per
-subscriber, and the kernel's TCP work in that write is most of it (perf at 500 subscribers:
-67-74 % of the proxy's CPU), so the only way to make a busy key cheaper is fewer writes, which
-costs latency. After a pass that used ``d`` seconds of CPU, the next one waits until
+subscriber, and the kernel's TCP work in that write is most of it (most of the proxy's CPU
+at hundreds of subscribers, by perf), so the only way to make a busy key cheaper is fewer
+writes, which costs latency. After a pass that used ``d`` seconds of CPU, the next one waits until
 ``d / cpu_share`` has gone by since this one began (at most ``max_delay`` after it ended): a
 key whose events come slower than that is written at once, event by event; a key whose fan-out
 would take more than ``cpu_share`` of a core gets its events batched, several to a write, and
 they wait at most ``max_delay``. The pass is timed in thread CPU time, not wall time: on a busy
 node the process is often descheduled mid-pass, and wall time would hold events for other
-processes' work (measured at cpu_share 0.5 and 500 subscribers: +8 ms p99, no CPU saved). A
-closed key's pass is never held back.
+processes' work: a longer p99 and no CPU saved (bench/README.md, "Figures behind the
+code"). A closed key's pass is never held back.
 """
 
 from __future__ import annotations

@@ -21,8 +21,8 @@ COMPACT_AFTER = 1024
 # What a dropped event's slot holds until the compaction: the slot must let go of the event.
 # The list is compacted only once the dropped slots are over COMPACT_AFTER and half the list, so
 # a slot that kept its event would hold up to max(COMPACT_AFTER events, the live bytes) of
-# evicted lines besides the live ones: with 10 KiB events, 17.5 MB of RSS at a 4 MiB history
-# budget and 40 MB at 16 MiB (bench.backlog).
+# evicted lines besides the live ones, several times the history budget in RSS (bench.backlog;
+# bench/README.md, "Figures behind the code").
 _DROPPED = CachedEvent(-1, "", -1, "", b"", 0.0)
 
 

@@ -52,7 +52,6 @@ from watchproxy.hub.outcomes import (
     Silent,
     Sleep,
     Start,
-    Step,
     Stop,
     Unshareable,
     UpstreamBack,
@@ -62,6 +61,18 @@ from watchproxy.hub.transitions import TRANSITIONS, Move, Phase
 from watchproxy.hub.watchcache import WatchCache
 from watchproxy.kube.watchquery import QUICK_END_SECONDS
 from watchproxy.policy.backoff import Backoff, BackoffPolicy
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """The next action; ``publish``: the cache changed, wake the subscribers; ``move``: the
+    row of the transition table taken (None when the outcome changed nothing: a stopped or
+    failed machine ignores what still comes in)."""
+
+    action: Action
+    publish: bool = False
+    move: Move | None = None
+
 
 # Answers to a WATCH that retrying cannot change: the clients get them as they are.
 DENIED = frozenset({401, 403, 404, 405})

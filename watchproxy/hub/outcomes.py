@@ -10,12 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from watchproxy.hub.cachetypes import ListedObject
-
-if TYPE_CHECKING:
-    from watchproxy.hub.transitions import Move
 
 # ---- outcomes: what the driver saw upstream ------------------------------------------------
 
@@ -177,14 +174,3 @@ class Halt:
 
 
 Action = OpenList | OpenWatch | ReadOn | Sleep | WaitForUpstream | Fail | Halt
-
-
-@dataclass(frozen=True, slots=True)
-class Step:
-    """The next action; ``publish``: the cache changed, wake the subscribers; ``move``: the
-    row of the transition table taken (None when the outcome changed nothing: a stopped or
-    failed machine ignores what still comes in)."""
-
-    action: Action
-    publish: bool = False
-    move: Move | None = None

@@ -28,7 +28,7 @@ from watchproxy.errors import UpstreamUnavailable
 from watchproxy.hub.fanout import Fanout, FanoutPacing, wake
 from watchproxy.hub.fetcher import Fetcher, WatchOutcomes
 from watchproxy.hub.historybudget import HistoryBudget
-from watchproxy.hub.machine import MachineConfig, SharedWatchMachine
+from watchproxy.hub.machine import MachineConfig, SharedWatchMachine, Step
 from watchproxy.hub.outcomes import (
     Broken,
     Elapsed,
@@ -42,7 +42,6 @@ from watchproxy.hub.outcomes import (
     Refused,
     Sleep,
     Start,
-    Step,
     Stop,
     UpstreamBack,
     WaitForUpstream,

@@ -29,12 +29,11 @@ LIVENESS_POLL_SECONDS = 5.0
 # A subscriber behind the live edge writes its backlog from the shared history in batches of
 # about this many bytes. One write of everything from its cursor to the end would be a copy of
 # up to the whole history per slow client, held while its write waits on a client that has
-# stopped reading (bench.backlog: 146 events, 1.5 MB, for one stalled client at a 4 MiB
-# budget). Initial syncs are written in such chunks too, as
-# references to the shared lines (see _write_initial). 64 KiB: when initial batches were still
-# joined and framed, each was held about three times per syncing client; 256 KiB made 20
-# concurrent syncs of 10,000 pods cost 18 MB, 64 KiB 8 MB, and 32 KiB (6.5 MB) made them slower
-# (bench.collection).
+# stopped reading (bench.backlog). Initial syncs are written in such chunks too, as references
+# to the shared lines (see _write_initial). 64 KiB: when initial batches were still joined and
+# framed, each was held about three times per syncing client; larger batches made concurrent
+# syncs of a large collection cost more memory, smaller ones made them slower (bench.collection;
+# bench/README.md, "Figures behind the code").
 WRITE_BATCH_BYTES = 64 * 1024
 
 
@@ -212,9 +211,9 @@ class Subscriber:
         # In chunks of about WRITE_BATCH_BYTES, each queued as the shared lines themselves
         # (send_lines: no join, no framing copy) and drained when the transport is full.
         # Joined into one write, the whole initial state would be a copy of the collection per
-        # syncing client plus the transport's copy of it (bench.collection: 20 concurrent
-        # initial syncs of 10,000 pods, 24 MB of JSON, peaked at 1.2 GB of RSS); joined and
-        # framed per 64 KiB batch, still three copies of each batch per syncing client.
+        # syncing client plus the transport's copy of it (bench.collection: concurrent initial
+        # syncs of a large collection took many times its size in RSS); joined and framed per
+        # batch, still three copies of each batch per syncing client.
         first = self.shared.representation.first_line_fixup(initial[0])
         lines, size = [first], len(first)
         for index in range(1, len(initial)):

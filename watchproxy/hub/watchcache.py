@@ -42,6 +42,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from watchproxy.errors import status_object
 from watchproxy.hub import cachestate
 from watchproxy.hub.cachestate import CacheState
 from watchproxy.hub.cachetypes import (
@@ -57,12 +58,32 @@ from watchproxy.hub.cachetypes import (
 )
 from watchproxy.hub.historybudget import HistoryBudget
 from watchproxy.hub.historyring import HistoryRing
-from watchproxy.hub.streamlines import BookmarkLines, expired_line
 from watchproxy.hub.window import ResumeWindow
 from watchproxy.kube.representation import Representation
 
 _EVENT_TYPES = frozenset({ADDED, MODIFIED, DELETED})
 Obj = dict[str, Any]
+
+
+class BookmarkLines:
+    """BOOKMARK lines, encoded once per RV: every subscriber's bookmark at one RV is the same
+    bytes (the initial-events-end one, sent once per client, is not kept)."""
+
+    def __init__(self, rep: Representation) -> None:
+        self._rep = rep
+        self._last: tuple[str, bytes] | None = None
+
+    def line(self, rv: str, *, initial_events_end: bool = False) -> bytes:
+        if not initial_events_end and self._last is not None and self._last[0] == rv:
+            return self._last[1]
+        obj = self._rep.bookmark_object(rv, initial_events_end=initial_events_end)
+        line = self._rep.encode_event("BOOKMARK", obj)
+        if not initial_events_end:
+            self._last = (rv, line)
+        return line
+
+    def forget(self) -> None:
+        self._last = None
 
 
 class WatchCache:
@@ -336,8 +357,12 @@ class WatchCache:
         return self._ring.slice(seq, end)
 
     def expired_line(self, rv: str) -> bytes:
-        """An ERROR event with a 410 Expired Status for an ``expired`` plan's ``rv``."""
-        return expired_line(self._rep, rv, self._window.oldest or 0)
+        """An ERROR event with the apiserver's 410 Expired Status for an ``expired`` plan's
+        ``rv``."""
+        shown = str(int(rv)) if rv.isascii() and rv.isdigit() else rv
+        oldest = self._window.oldest or 0
+        status = status_object(410, "Expired", f"too old resource version: {shown} ({oldest})")
+        return self._rep.error_line(status)
 
     def cut_line(self, seq: int, start_rv: int) -> bytes | None:
         """The apiserver's 410 line for a subscriber at a backfill cutoff, else None."""

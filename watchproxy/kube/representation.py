@@ -210,8 +210,8 @@ class JsonRepresentation(Representation):
     """The resource's own JSON: events carry full objects of the watched kind.
 
     A watch cache keeps each object as its ADDED event line (bytes), not as a dict: parsed
-    JSON takes several times the bytes of its text in Python objects (bench.collection:
-    6.3 bytes of RSS per byte of JSON for 10,000 pods kept as dicts). Initial syncs write the
+    JSON takes several times the bytes of its text in Python objects (bench.collection;
+    bench/README.md, "Figures behind the code"). Initial syncs write the
     kept lines as they are; lists splice them; only a relist's DELETE parses one back.
     """
 
@@ -221,8 +221,8 @@ class JsonRepresentation(Representation):
 
     def decode_list_page_lines(self, body: bytes) -> ListPage:
         # Each item's ADDED line is made from the item's own text in the page, not by
-        # encoding the parsed item again: encoding was a third of the hub's time to sync a
-        # large collection (bench.collection), and the apiserver's bytes are kept as sent.
+        # encoding the parsed item again: encoding was a large part of the hub's time to sync
+        # a large collection (bench.collection), and the apiserver's bytes are kept as sent.
         # Items are yielded as they are parsed, so a page is never held as parsed objects.
         page = ListPage(iter(()))
         page.items = self._page_lines(body, page)

@@ -127,9 +127,9 @@ class WatchQuery:
     def with_continue_token(self, token: str) -> WatchQuery:
         """This query with another continue token (valid wherever this one's was, since the
         rules read a token only for being there): another page of the same LIST."""
-        # Spelled out, in field order, not dataclasses.replace (3.6 against 1.6 us compiled,
-        # once per page; keywords: 2.3): tests/unit/test_watchquery.py holds it to replace()'s
-        # answer with every field set.
+        # Spelled out, in field order, not dataclasses.replace (twice the cost, once per page:
+        # bench/README.md, "Figures behind the code"): tests/unit/test_watchquery.py holds it
+        # to replace()'s answer with every field set.
         return WatchQuery(
             self.watch,
             self.resource_version,

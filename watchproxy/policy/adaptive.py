@@ -16,9 +16,9 @@ concurrency limit, in the manner of TCP congestion control and adaptive concurre
   got this wrong both ways: on a loop slowed by its own start the cool-down outlasted the
   first burst, and refusals under the new limit went unanswered while the limit grew.)
   The cut is of the limit, not of the requests in flight when the signal came, as TCP cuts
-  its flight size: measured against a priority level of a few seats that rejects
-  (``bench.controller --pushback``, 32 workers), cutting the flight size held the limit lower
-  and cost a fifth of the throughput for no fewer refusals;
+  its flight size: against a priority level of a few seats that rejects
+  (``bench.controller --pushback``), cutting the flight size held the limit lower and cost
+  throughput for no fewer refusals (bench/README.md, "Figures behind the code");
 - latency: per kind of request, a fast-moving average compared with a slow one; when the fast
   one runs at more than ``latency_tolerance`` times the slow one while the limit binds, the
   limit is cut gently. Comparing an average with its own history (a gradient) rather than

@@ -60,9 +60,10 @@ class UpstreamLimiter:
 
     Why the reserve: with start-time fair queueing alone, a client looping on LISTs keeps the
     bucket empty, so every other client's request waits for the next token (up to ``1/qps``,
-    20 ms at 50 qps) even though it is served next; measured, that doubled the quiet clients'
-    p99. The reserve is refilled at the same rate the backlog drains it, so throughput is
-    unchanged; a flow alone pays ``reserve / qps`` once, when its backlog starts.
+    20 ms at 50 qps) even though it is served next, which showed in the quiet clients' p99
+    (bench/README.md, "Figures behind the code"). The reserve is refilled at the same rate the
+    backlog drains it, so throughput is unchanged; a flow alone pays ``reserve / qps`` once,
+    when its backlog starts.
 
     With ``max_wait`` (per call, or the constructor default) a request that would wait longer
     raises :class:`~watchproxy.errors.TooManyRequests` carrying ``retry_after`` instead of
@@ -206,10 +207,10 @@ class UpstreamLimiter:
         a request sent after a refusal was refused too: it refuses everything, as a priority
         level whose seats are all held by others does. Any other refusal is answered by the cut,
         and the refused client itself still gets the 429 and its Retry-After. Closing the gate
-        sooner stalls every client of the pod for the Retry-After: measured against a priority
-        level of one seat that rejects (``bench.controller --pushback``, 32 workers), closing it
-        on any refusal at a floor of 2, or on any two in a row, left the apiserver idle and the
-        clients at 1-7 requests a second where they got 87-156 direct.
+        sooner stalls every client of the pod for the Retry-After: against a priority level
+        that rejects (``bench.controller --pushback``), closing it on any refusal, or on any two
+        in a row, left the apiserver idle and the clients all but stalled (bench/README.md,
+        "Figures behind the code").
         """
         if outcome is Outcome.OK:
             self._refused_in_row = 0
@@ -352,8 +353,9 @@ class UpstreamLimiter:
 
 
 class Slot:
-    """The block of one :meth:`UpstreamLimiter.slot` admission (a class, not a generator-based
-    context manager: mypyc compiles this module, and it has no async generators)."""
+    """The block of one :meth:`UpstreamLimiter.slot` admission. A class, not
+    ``contextlib.asynccontextmanager``: every upstream request enters one, and the generator-based
+    manager costs several times as much per entry (bench/README.md, "Figures behind the code")."""
 
     __slots__ = ("_limiter", "_max_wait")
 
