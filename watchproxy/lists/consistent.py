@@ -19,8 +19,10 @@ from watchproxy.hub.cachetypes import parse_rv
 from watchproxy.hub.multiplexer import Headers
 from watchproxy.kube.apipath import ApiPath
 from watchproxy.kube.watchquery import WatchQuery
+from watchproxy.lists.answers import EncodedAnswer
 from watchproxy.lists.batch import Answer, ListBatcher, Outgoing
-from watchproxy.lists.cover import Cover, consistent_cover
+from watchproxy.lists.cached import hub_answer
+from watchproxy.lists.cover import consistent_cover
 from watchproxy.lists.fresh import looks_busy, wait_current
 from watchproxy.lists.pages import Snapshots, decode_continue, page_of
 from watchproxy.lists.ports import ListRequest, SharedWatches
@@ -71,7 +73,7 @@ class ConsistentLists:
 
     async def serve(
         self, request: ListRequest, api_path: ApiPath, query: WatchQuery
-    ) -> web.Response | None:
+    ) -> web.Response | EncodedAnswer | None:
         """The answer from a shared watch; None: the LIST goes to the apiserver."""
         if self.wait <= 0:
             return None
@@ -103,11 +105,11 @@ class ConsistentLists:
             return None
         outcomes.labels("hub").inc()
         if not paged:
-            return self._answer(cover, cover.list_body())
+            return hub_answer(cover, cover.list_pieces())
         snapshot = cover.snapshot()
         self.snapshots.put(cover.shared, cover.namespace, snapshot)
         page = page_of(snapshot, None, query.limit or 0, _key_prefix(api_path))
-        return self._answer(cover, cover.page_body(snapshot, page))
+        return hub_answer(cover, cover.page_pieces(snapshot, page))
 
     async def _admitted(
         self, request: ListRequest, api_path: ApiPath, query: WatchQuery
@@ -120,7 +122,7 @@ class ConsistentLists:
 
     def _next_page(
         self, api_path: ApiPath, query: WatchQuery, headers: Headers
-    ) -> web.Response | None:
+    ) -> web.Response | EncodedAnswer | None:
         """A continuation of a page 1 the hub answered, from its snapshot: no probe, the
         snapshot is the collection at the token's revision. Anything else goes upstream."""
         cover = consistent_cover(self.hub, api_path, query, headers)
@@ -136,13 +138,7 @@ class ConsistentLists:
             return None
         self.metrics.consistent_lists.labels("page").inc()
         page = page_of(snapshot, start, query.limit or 0, _key_prefix(api_path))
-        return self._answer(cover, cover.page_body(snapshot, page))
-
-    @staticmethod
-    def _answer(cover: Cover, body: bytes) -> web.Response:
-        answer = web.Response(body=body)
-        answer.headers["Content-Type"] = cover.shared.representation.content_type
-        return answer
+        return hub_answer(cover, cover.page_pieces(snapshot, page))
 
     async def _current_rv(self, request: ListRequest) -> int | None:
         headers, auth = self.probes.forwarder.outgoing_headers(request.headers)
