@@ -18,6 +18,7 @@ import aiohttp
 
 from tests.component.test_pitfalls import pod
 from tests.harness import Running, running_proxy, wait_for
+from watchproxy.lists.consistent import probe_target
 
 PODS = "/api/v1/namespaces/default/pods"
 TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io"
@@ -317,3 +318,31 @@ async def test_hub_lists_come_in_the_apiservers_key_order(tmp_path: Any) -> None
     seen = set(keys(consistent))  # the pods written later are in the oracle only
     assert [k for k in keys(oracle) if k in seen] == keys(consistent)
     assert [k for k in keys(cached) if not k.startswith("default/")] == ours
+
+
+async def test_a_refused_probe_is_the_clients_answer_and_no_list_follows_it(
+    tmp_path: Any,
+) -> None:
+    """The probe carries the LIST's path, selectors and credential, so its error answer is the
+    one the LIST would get: the client gets it, and nothing else goes upstream (before: the
+    probe, then the client's LIST, two requests)."""
+    async with running_proxy(tmp_path, PATIENT) as running, aiohttp.ClientSession() as session:
+        async with watching(running, session), writing(running):
+            await wait_for(
+                lambda: len(running.fake.store.list("pods", "default")) >= 5,
+                what="a busy collection",
+            )
+            before = len(running.fake.stats.requests)
+            running.fake.faults.fail_next(1, 500)
+            async with session.get(running.url + PODS) as response:
+                assert response.status == 500
+                assert "injected failure" in (await response.json())["message"]
+            sent = running.fake.stats.requests[before:]
+        assert outcome(running, "probe-failed") == 1
+        assert [(r.path, parse_qs(r.query_string)) for r in sent] == [(PODS, {"limit": ["1"]})]
+
+
+def test_the_probe_keeps_the_lists_selectors_and_asks_for_one_item() -> None:
+    target = PODS + "?labelSelector=app%3Dx&limit=500&fieldSelector=a%3Db&timeoutSeconds=9"
+    assert probe_target(target) == PODS + "?labelSelector=app%3Dx&fieldSelector=a%3Db&limit=1"
+    assert probe_target(PODS) == PODS + "?limit=1"

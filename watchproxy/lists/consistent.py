@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
+from watchproxy.errors import ProxyError
 from watchproxy.hub.cachetypes import parse_rv
 from watchproxy.hub.multiplexer import Headers
 from watchproxy.kube.apipath import ApiPath
@@ -97,9 +98,14 @@ class ConsistentLists:
             outcomes.labels("quiet").inc()
             return None
         current = await self._current_rv(request)
-        if current is None:
+        if not isinstance(current, int):
             outcomes.labels("probe-failed").inc()
-            return None
+            if isinstance(current, ProxyError):
+                # No answer (unreachable, throttled): the client's LIST would have met the same,
+                # and is not sent a second time behind its back.
+                raise current.with_traceback(None)
+            return current
+
         if not await wait_current(cover, current, self.wait, self.clock):
             outcomes.labels("behind").inc()
             return None
@@ -140,17 +146,37 @@ class ConsistentLists:
         page = page_of(snapshot, start, query.limit or 0, _key_prefix(api_path))
         return hub_answer(cover, cover.page_pieces(snapshot, page))
 
-    async def _current_rv(self, request: ListRequest) -> int | None:
+    async def _current_rv(self, request: ListRequest) -> int | web.Response | ProxyError | None:
+        """The apiserver's current revision; else the probe's error answer, which is the
+        client's answer too, or None (the LIST goes upstream)."""
         headers, auth = self.probes.forwarder.outgoing_headers(request.headers)
         headers["Accept"] = "application/json"  # parsed here, whatever the client reads
         headers.popall("Accept-Encoding", None)
-        path = request.raw_path.partition("?")[0] + "?limit=1"
         answer = await self.probes.shared_answer(
-            path, headers, auth, counted_in=self.metrics.freshness_probes
+            probe_target(request.raw_path), headers, auth, counted_in=self.metrics.freshness_probes
         )
-        if not isinstance(answer, Answer) or answer.status != 200:
+        if isinstance(answer, ProxyError) or answer is None:
+            return answer
+        if not isinstance(answer, Answer):
             return None
+        if answer.status != 200:
+            # The client's own path, selectors and credential: its LIST would get this verdict.
+            refused = web.Response(status=answer.status, reason=answer.reason, body=answer.body)
+            refused.headers.extend(answer.headers)
+            return refused
         try:
             return parse_rv(json.loads(answer.body)["metadata"]["resourceVersion"])
         except (ValueError, KeyError, TypeError):
             return None
+
+
+_PROBE_KEEPS = ("labelSelector=", "fieldSelector=")
+
+
+def probe_target(raw_path: str) -> str:
+    """The one-item LIST that reads the current revision for a LIST of ``raw_path``: the same
+    path and selectors (so that an error answer, an authorization that depends on the
+    selectors, is the one the LIST would get), as they came, and ``limit=1``."""
+    path, _, query = raw_path.partition("?")
+    kept = [part for part in query.split("&") if part.startswith(_PROBE_KEEPS)]
+    return path + "?" + "&".join([*kept, "limit=1"])
