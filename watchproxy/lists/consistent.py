@@ -18,6 +18,7 @@ from aiohttp import web
 from watchproxy.errors import ProxyError
 from watchproxy.hub.cachetypes import parse_rv
 from watchproxy.hub.multiplexer import Headers
+from watchproxy.hub.transitions import Phase
 from watchproxy.kube.apipath import ApiPath
 from watchproxy.kube.watchquery import WatchQuery
 from watchproxy.lists.answers import EncodedAnswer
@@ -96,6 +97,11 @@ class ConsistentLists:
         outcomes = self.metrics.consistent_lists
         if not looks_busy(cover.shared, self.wait, self.clock()):
             outcomes.labels("quiet").inc()
+            return None
+        if cover.shared.state is not Phase.WATCHING:
+            # Backing off, relisting, waiting for the apiserver: its state would not catch up
+            # in time, and the probe would be a second request for nothing.
+            outcomes.labels("not-watching").inc()
             return None
         current = await self._current_rv(request)
         if not isinstance(current, int):
