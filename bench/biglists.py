@@ -34,6 +34,7 @@ from tests.realapi.fixture import RealApiServer, start_kubetestenv
 NAMESPACE = "default"
 CONFIGMAPS = f"/api/v1/namespaces/{NAMESPACE}/configmaps"
 MIB = 1024 * 1024
+REPO = str(Path(__file__).resolve().parent.parent)  # the watchproxy this bench runs
 
 
 def rss(pid: int) -> int:
@@ -143,7 +144,7 @@ async def watchproxy(kubeconfig: str) -> AsyncIterator[tuple[int, int]]:
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "watchproxy", "run", "--kubeconfig", kubeconfig,
         "--listen-port", str(port), "--admin-port", str(admin), "--log-level", "warning",
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+        env={**os.environ, "PYTHONPATH": REPO},
     )  # fmt: skip
     try:
         async with aiohttp.ClientSession() as session:
