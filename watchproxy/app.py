@@ -141,7 +141,10 @@ class Proxy:
         self.list_batcher: ListBatcher | None = None
         if config.limits.list_batch_max_bytes:
             self.list_batcher = ListBatcher(
-                self.forwarder, max_bytes=config.limits.list_batch_max_bytes, metrics=self.metrics
+                self.forwarder,
+                max_bytes=config.limits.list_batch_max_bytes,
+                metrics=self.metrics,
+                budget=BodyBudget(config.limits.max_buffered_list_bytes),
             )
         self.hub: Hub | None = None
         if config.hub.enabled:

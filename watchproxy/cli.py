@@ -12,12 +12,13 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import NoReturn
 
 from watchproxy import __version__
 from watchproxy.allocator import fix_mmap_threshold
 from watchproxy.config import Config, ConfigError, build_config, load_file, read_env
+from watchproxy.config.memory import container_limit
 from watchproxy.logs import setup_logging
 from watchproxy.upstream.credentials import CredentialsError, UpstreamTarget, resolve_target
 
@@ -131,10 +132,30 @@ def flag_overrides(args: argparse.Namespace) -> dict[str, str]:
     return overrides
 
 
-def load_config(args: argparse.Namespace, env: Mapping[str, str]) -> Config:
+def read_text(path: str) -> str | None:
+    """A small file's text; None when it cannot be read (a cgroup file that is not there)."""
+    try:
+        with open(path, encoding="ascii") as file:
+            return file.read(64)
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def load_config(
+    args: argparse.Namespace,
+    env: Mapping[str, str],
+    read: Callable[[str], str | None] = read_text,
+) -> Config:
+    """The configuration, its memory budgets fitted to the container's memory limit."""
     path = config_path(args, env)
     data = load_file(path) if path else {}
-    return build_config(data, file_name=path or "config", env=env, overrides=flag_overrides(args))
+    return build_config(
+        data,
+        file_name=path or "config",
+        env=env,
+        overrides=flag_overrides(args),
+        memory_limit=container_limit(read),
+    )
 
 
 def _counted(n: int, what: str, suffix: str = "") -> list[str]:

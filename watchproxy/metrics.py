@@ -355,7 +355,7 @@ class Metrics:
         self.list_batches_streamed = add(
             LoopCounter,
             "watchproxy_list_batches_streamed",
-            "Batches whose answer outgrew limits.list_batch_max_bytes, streamed to their members.",
+            "Batches whose answer (over 256 KiB) was streamed to their members as it arrived.",
         )
         self.consistent_lists = add(
             Counter,
@@ -363,7 +363,8 @@ class Metrics:
             "LIST requests without a resourceVersion that a live shared watch covers, by "
             "outcome: hub (answered from it once current), quiet (its state had not moved "
             "lately: sent upstream at once), behind (it did not catch up in time), "
-            "probe-failed (the apiserver's current revision could not be read); and the "
+            "probe-failed (the probe's error answer, or none, was the client's), not-watching "
+            "(its upstream watch was backing off or relisting: sent upstream at once); and the "
             "continuations of a LIST the hub paged: page (from its snapshot), page-gone "
             "(snapshot no longer kept: sent upstream with the same token).",
             ["outcome"],

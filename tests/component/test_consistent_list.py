@@ -18,6 +18,7 @@ import aiohttp
 
 from tests.component.test_pitfalls import pod
 from tests.harness import Running, running_proxy, wait_for
+from watchproxy.lists.consistent import probe_target
 
 PODS = "/api/v1/namespaces/default/pods"
 TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io"
@@ -199,15 +200,14 @@ async def test_a_watch_that_does_not_catch_up_sends_the_list_upstream(tmp_path: 
             await wait_for(lambda: outcome(running, "hub") >= 0 and
                            len(running.fake.store.list("pods", "default")) >= 5,
                            what="a busy collection")  # fmt: skip
-            # The shared watch's connection is cut and its next watch hangs: it is behind.
-            running.fake.faults.hang_watches(True)
-            running.fake.faults.cut_watches()
+            # The shared watch stays open but lags: its state is behind the probe's revision.
+            assert running.fake.faults.lag_open_watches(5.0) >= 1
             running.fake.store.create("pods", "default", pod("unseen"))
             body = await get(session, running.url + PODS)
             assert "unseen" in names(body)
         assert outcome(running, "behind") == 1
         # What this fallback costs upstream: the probe (shared by the LISTs waiting with it)
-        # and the client's LIST, sent once.
+        # and the client's LIST, sent once: the one fallback that still sends twice.
         assert len(upstream_lists(running, "1")) == 1
         assert len(upstream_lists(running)) == 1
 
@@ -317,3 +317,61 @@ async def test_hub_lists_come_in_the_apiservers_key_order(tmp_path: Any) -> None
     seen = set(keys(consistent))  # the pods written later are in the oracle only
     assert [k for k in keys(oracle) if k in seen] == keys(consistent)
     assert [k for k in keys(cached) if not k.startswith("default/")] == ours
+
+
+async def test_a_refused_probe_is_the_clients_answer_and_no_list_follows_it(
+    tmp_path: Any,
+) -> None:
+    """The probe carries the LIST's path, selectors and credential, so its error answer is the
+    one the LIST would get: the client gets it, and nothing else goes upstream (before: the
+    probe, then the client's LIST, two requests)."""
+    async with running_proxy(tmp_path, PATIENT) as running, aiohttp.ClientSession() as session:
+        async with watching(running, session), writing(running):
+            await wait_for(
+                lambda: len(running.fake.store.list("pods", "default")) >= 5,
+                what="a busy collection",
+            )
+            before = len(running.fake.stats.requests)
+            running.fake.faults.fail_next(1, 500)
+            async with session.get(running.url + PODS) as response:
+                assert response.status == 500
+                assert "injected failure" in (await response.json())["message"]
+            sent = running.fake.stats.requests[before:]
+        assert outcome(running, "probe-failed") == 1
+        assert [(r.path, parse_qs(r.query_string)) for r in sent] == [(PODS, {"limit": ["1"]})]
+
+
+def test_the_probe_keeps_the_lists_selectors_and_asks_for_one_item() -> None:
+    target = PODS + "?labelSelector=app%3Dx&limit=500&fieldSelector=a%3Db&timeoutSeconds=9"
+    assert probe_target(target) == PODS + "?labelSelector=app%3Dx&fieldSelector=a%3Db&limit=1"
+    assert probe_target(PODS) == PODS + "?limit=1"
+
+
+async def test_a_list_while_the_shared_watch_backs_off_goes_upstream_once_without_a_probe(
+    tmp_path: Any,
+) -> None:
+    """A shared watch that is backing off cannot catch up in time: the LIST is sent upstream
+    at once, one request (before: a probe, a wait, then the LIST)."""
+    overrides = {
+        **PATIENT,
+        "backoff.initial_seconds": 30.0,
+        "backoff.probe_max_seconds": 30.0,
+        "backoff.jitter": "none",
+    }
+    async with running_proxy(tmp_path, overrides) as running, aiohttp.ClientSession() as session:
+        async with watching(running, session), writing(running):
+            (shared,) = running.proxy.hub.watches.values()  # type: ignore[union-attr]
+            await wait_for(lambda: outcome(running, "hub") >= 0 and
+                           len(running.fake.store.list("pods", "default")) >= 5,
+                           what="a busy collection")  # fmt: skip
+            # Its watch is cut: it backs off (30 s) before it watches again.
+            running.fake.faults.cut_watches()
+            await wait_for(
+                lambda: shared.state.value == "backing-off", what="the shared watch backing off"
+            )
+            before = len(running.fake.stats.requests)
+            running.fake.store.create("pods", "default", pod("unseen"))
+            assert "unseen" in names(await get(session, running.url + PODS))
+            sent = running.fake.stats.requests[before:]
+        assert outcome(running, "not-watching") == 1
+        assert [(r.path, r.query_string) for r in sent if not r.watch] == [(PODS, "")]

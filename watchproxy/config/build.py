@@ -7,11 +7,13 @@ print one line and exit 2.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import re
 from collections.abc import Mapping
 from typing import Any
 
+from watchproxy.config import memory
 from watchproxy.config.schema import SECTIONS, AccessRule, Config, ConfigError, field_types
 from watchproxy.config.sources import read_env
 from watchproxy.config.values import build_section, coerce
@@ -34,8 +36,11 @@ def build_config(
     file_name: str = "config",
     env: Mapping[str, str] | None = None,
     overrides: Mapping[str, str] | None = None,
+    memory_limit: int | None = None,
 ) -> Config:
-    """Merge the sources and validate. ``overrides`` maps ``section.key`` to text (from flags)."""
+    """Merge the sources and validate. ``overrides`` maps ``section.key`` to text (from flags).
+    ``memory_limit``: the container's, in bytes; the memory budgets not set are derived from
+    it, and set ones that exceed it are refused (:mod:`.memory`)."""
     merged: dict[str, dict[str, Any]] = {}
     for section, values in (file_data or {}).items():
         if section not in SECTIONS:
@@ -64,8 +69,36 @@ def build_config(
         values = merged.get(section, {})
         sections[section] = build_section(cls, values, f"{file_name}: {section}")
     config = Config(**sections)
+    if memory_limit is not None:
+        config = _fit_memory(config, merged, memory_limit, file_name)
     _check(config, file_name)
     return config
+
+
+def _fit_memory(
+    config: Config, merged: Mapping[str, Mapping[str, Any]], limit: int, where: str
+) -> Config:
+    """``config`` with its memory budgets fitted to ``limit`` (see :mod:`.memory`)."""
+    set_keys = frozenset(f"{section}.{key}" for section, values in merged.items() for key in values)
+    configured = {
+        b.key: getattr(getattr(config, b.key.split(".")[0]), b.key.split(".")[1])
+        for b in memory.BUDGETS
+    }
+    try:
+        budgets = memory.fitted(limit, configured, set_keys)
+    except memory.OverBudget as error:
+        raise ConfigError(f"{where}: {error}") from None
+    changed: dict[str, dict[str, int]] = {}
+    for dotted, value in budgets.items():
+        section, key = dotted.split(".")
+        changed.setdefault(section, {})[key] = value
+    return dataclasses.replace(
+        config,
+        **{
+            section: dataclasses.replace(getattr(config, section), **values)
+            for section, values in changed.items()
+        },
+    )
 
 
 def _is_loopback(host: str) -> bool:
@@ -122,6 +155,8 @@ def _check(config: Config, where: str) -> None:
         )
     if config.limits.list_batch_max_bytes < 0:
         raise ConfigError(f"{where}: limits.list_batch_max_bytes: must be >= 0 (0: never)")
+    if config.limits.max_buffered_list_bytes < 0:
+        raise ConfigError(f"{where}: limits.max_buffered_list_bytes: must be >= 0 (0: no bound)")
     h = config.hub
     if h.history_size < 1:
         raise ConfigError(f"{where}: hub.history_size: must be >= 1")

@@ -146,9 +146,13 @@ class LimitsConfig:
     max_connections: int = 1024
     max_watches: int = 1000
     shutdown_grace_seconds: float = 5.0
-    # Identical LISTs without a resourceVersion share one upstream request when its answer is
-    # at most this big (0: never batch).
-    list_batch_max_bytes: int = 64 * 1024 * 1024
+    # Identical LISTs without a resourceVersion share one upstream request (0: never batch);
+    # an answer larger than 256 KiB is streamed to them as it arrives, and this is the most
+    # one such batch holds for its slowest client ...
+    list_batch_max_bytes: int = 4 * 1024 * 1024
+    # ... and this what every streamed batch holds together (0: no bound; a batch beyond it
+    # holds one 256 KiB piece).
+    max_buffered_list_bytes: int = 32 * 1024 * 1024
 
 
 @dataclass(frozen=True)

@@ -143,6 +143,19 @@ class CacheState:
         entries = self._entries
         return self._rep.encode_kept_list([entries[key].kept for key in keys], rv)
 
+    def list_pieces(self, rv: str, namespace: str | None = None) -> Iterator[bytes]:
+        """:meth:`list_body` in pieces, encoded as they are asked for, from the objects kept
+        now (later changes leave it alone)."""
+        keys = self.ordered_keys() if namespace is None else self._namespace_keys(namespace)
+        entries = self._entries
+        return self._rep.kept_list_pieces([entries[key].kept for key in keys], rv)
+
+    def page_pieces(
+        self, kept: list[Any], rv: str, page: tuple[str, int | None] | None
+    ) -> Iterator[bytes]:
+        """A LIST (``page`` None) or a page that more follow, of ``kept``, in pieces."""
+        return self._rep.kept_list_pieces(kept, rv, page)
+
     def count_in(self, namespace: str) -> int:
         return len(self._namespace_keys(namespace))
 

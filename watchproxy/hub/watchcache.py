@@ -39,7 +39,7 @@ below its own unresumable. A list older than the cache (an etcd restore, a stale
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from watchproxy.errors import status_object
@@ -384,6 +384,12 @@ class WatchCache:
         if self._rv_str is None:
             raise NotSynced("list_response() before the first replace()")
         return self._state.list_body(self._rv_str, namespace)
+
+    def list_pieces(self, namespace: str | None = None) -> Iterator[bytes]:
+        """:meth:`list_response` in pieces, encoded as they are written."""
+        if self._rv_str is None:
+            raise NotSynced("list_pieces() before the first replace()")
+        return self._state.list_pieces(self._rv_str, namespace)
 
     def stats(self) -> dict[str, Any]:
         return {

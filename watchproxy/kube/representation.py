@@ -47,6 +47,10 @@ __all__ = [
 ]
 
 
+# The size of the pieces a LIST from the cache is encoded and written in.
+LIST_PIECE_BYTES = 256 * 1024
+
+
 @dataclass(slots=True)
 class ListPage:
     """One LIST page as (object, its ADDED line) pairs; ``rv`` and ``token`` (its continue)
@@ -201,6 +205,21 @@ class Representation:
         """A LIST page that more follow: with its continue token and remainingItemCount."""
         return with_page_meta(self.encode_kept_list(kept, rv), rv, token, remaining)
 
+    def kept_list_pieces(
+        self,
+        kept: list[Any],
+        rv: str,
+        page: tuple[str, int | None] | None = None,
+        piece_bytes: int = LIST_PIECE_BYTES,
+    ) -> Iterator[bytes]:
+        """The body of :meth:`encode_kept_list` (or, with ``page`` = (token, remaining), of
+        :meth:`encode_kept_page`) in pieces of about ``piece_bytes``, each encoded when it is
+        asked for. Here one piece: only JSON lists are encoded piece by piece."""
+        if page is None:
+            yield self.encode_kept_list(kept, rv)
+        else:
+            yield self.encode_kept_page(kept, rv, *page)
+
 
 _ADDED_PREFIX = b'{"type":"ADDED","object":'
 _Typing = tuple[str | None, str | None, bytes]  # the items' apiVersion, kind, line prefix
@@ -295,21 +314,56 @@ class JsonRepresentation(Representation):
         return obj
 
     def encode_kept_list(self, kept: list[Any], rv: str) -> bytes:
+        return b"".join(self.kept_list_pieces(kept, rv, piece_bytes=0))
+
+    def encode_kept_page(
+        self, kept: list[Any], rv: str, token: str, remaining: int | None
+    ) -> bytes:
+        return b"".join(self.kept_list_pieces(kept, rv, (token, remaining), piece_bytes=0))
+
+    def kept_list_pieces(
+        self,
+        kept: list[Any],
+        rv: str,
+        page: tuple[str, int | None] | None = None,
+        piece_bytes: int = LIST_PIECE_BYTES,
+    ) -> Iterator[bytes]:
+        # piece_bytes 0: one piece. Each item is a view of its kept line, copied once, into
+        # its piece: a list of a large collection is never one bytes object.
         head = self.list_body([], rv)
         del head["items"]
+        if page is not None:  # the apiserver's ListMeta order: resourceVersion, continue, ...
+            token, remaining = page
+            head["metadata"]["continue"] = token
+            if remaining is not None:
+                head["metadata"]["remainingItemCount"] = remaining
         typed_prefix = b""
         if self._kind is not None and self._api_version is not None:
             typed_prefix = encode_json({"kind": self._kind, "apiVersion": self._api_version})
             typed_prefix = typed_prefix[:-1] + b","  # '{"kind":..,"apiVersion":..,'
-        items: list[bytes] = []
+        parts: list[bytes | memoryview] = [encode_json(head)[:-1], b',"items":[']
+        size = 0
         start = len(_ADDED_PREFIX)
+        cut = start + len(typed_prefix)
+        separator = b"{"
         for line in kept:
             if typed_prefix and line.startswith(typed_prefix, start):
                 # List items carry no kind and apiVersion (see list_body): cut them out.
-                items.append(b"{" + line[start + len(typed_prefix) : -2])
+                parts.append(separator)
+                parts.append(memoryview(line)[cut:-2])
+                size += len(line)
             else:
-                items.append(encode_json(self.list_body([self.kept_object(line)], rv)["items"][0]))
-        return encode_json(head)[:-1] + b',"items":[' + b",".join(items) + b"]}"
+                item = encode_json(self.list_body([self.kept_object(line)], rv)["items"][0])
+                parts.append(separator[:-1])
+                parts.append(item)
+                size += len(item)
+            separator = b",{"
+            if piece_bytes and size >= piece_bytes:
+                yield b"".join(parts)
+                parts = []
+                size = 0
+        parts.append(b"]}")
+        yield b"".join(parts)
 
     def list_items(self, list_body: Mapping[str, Any]) -> tuple[list[Obj], str]:
         api_version, kind = self._learn_list_kind(list_body)

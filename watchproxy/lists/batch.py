@@ -8,11 +8,13 @@ request in a batch arrived before the batch's upstream request was sent, so the 
 fresh as each of them asked for. At most one upstream LIST per key is in flight and one batch
 waits; N clients listing at once cost the apiserver two LISTs, not N.
 
-Only first pages are batched (a ``continue`` token is one client's), and only answers up to
-``max_bytes`` are held whole: a batch whose answer is larger goes on from where it is, its one
-upstream answer streamed to every member (``lists.sharedbody``: what was read, then the rest as
-it arrives, at most ``max_bytes`` held for the slowest member), so no member sends its LIST
-again: one upstream LIST per batch, whatever its size. A batch that gets no answer (refused
+Only first pages are batched (a ``continue`` token is one client's). An answer is held whole
+only when it is small (one paced piece, 256 KiB); a larger one is streamed to every member from
+its one upstream answer as it arrives (``lists.sharedbody``), each member at its own position,
+the batch holding at most ``max_bytes`` (``limits.list_batch_max_bytes``) for the slowest and
+all streamed batches together at most their budget (``limits.max_buffered_list_bytes``): the
+memory a LIST costs does not grow with its size or with its members, and no member sends its
+LIST again: one upstream LIST per batch, whatever its size. A batch that gets no answer (refused
 by the rate limiter, the apiserver unreachable, the body cut) fails every member with that
 error, as the pass-through would have: nothing is retried behind the client's back. A batch
 whose members have all left (their clients closed their connections) is dropped, and its
@@ -33,17 +35,11 @@ from watchproxy.errors import ProxyError
 from watchproxy.hub.multiplexer import Headers
 from watchproxy.kube.apipath import canonical_target
 from watchproxy.kube.headers import response_headers
+from watchproxy.lists.answers import PACED_BODY_BYTES, StreamedAnswer, paced, stream
 from watchproxy.lists.ports import ListRequest
-from watchproxy.lists.sharedbody import (
-    PACED_BODY_BYTES,
-    SLOW_READER_SECONDS,
-    SharedBody,
-    Streamed,
-    StreamedAnswer,
-    paced,
-    stream,
-)
+from watchproxy.lists.sharedbody import SLOW_READER_SECONDS, SharedBody, Streamed
 from watchproxy.metrics import Metrics
+from watchproxy.policy.bodybudget import BodyBudget
 from watchproxy.upstream.client import Upstream
 
 log = logging.getLogger("watchproxy.passthrough")
@@ -122,11 +118,21 @@ class ListBatcher:
     """Owns the upstream LIST tasks of every batch; :meth:`close` cancels and awaits them."""
 
     def __init__(
-        self, forwarder: Outgoing, *, max_bytes: int, metrics: Metrics, stream: bool = True
+        self,
+        forwarder: Outgoing,
+        *,
+        max_bytes: int,
+        metrics: Metrics,
+        stream: bool = True,
+        budget: BodyBudget | None = None,
     ) -> None:
         self.forwarder = forwarder  # its upstream, and which headers go there
         self.upstream = forwarder.upstream
+        # Streaming: the most one batch holds for its slowest member; else the largest answer
+        # it shares (held whole).
         self.max_bytes = max_bytes
+        # What every streamed batch holds together (limits.max_buffered_list_bytes).
+        self.budget = budget or BodyBudget(0)
         # An answer over max_bytes is streamed to the members (else: None, they pass through).
         self.stream = stream
         self._keys: dict[Key, _KeyState] = {}
@@ -262,17 +268,19 @@ class ListBatcher:
             return error
         ended = False
         shared: SharedBody | None = None
+        # Held whole: up to the smaller of max_bytes and, when streaming, one paced piece.
+        whole_max = min(self.max_bytes, PACED_BODY_BYTES) if self.stream else self.max_bytes
         try:
             headers = CIMultiDict(response_headers(upstream.headers, keep_length=False))
             headers.popall("Content-Length", None)
             length = upstream.content_length
             body = upstream.whole_body()
-            if body is not None and len(body) <= self.max_bytes:
+            if body is not None and len(body) <= whole_max:
                 ended = True
                 return Answer(upstream.status, upstream.reason, headers, body)
             chunks: list[bytes] = [] if body is None else [body]
             size = len(body) if body is not None else 0
-            if (length is not None and length > self.max_bytes) or size > self.max_bytes:
+            if (length is not None and length > whole_max) or size > whole_max:
                 if not self.stream:
                     return None
                 shared = self._share(batch, upstream.status, upstream.reason, headers, chunks)
@@ -285,7 +293,7 @@ class ListBatcher:
                     else:
                         size += len(chunk)
                         chunks.append(chunk)
-                        if size > self.max_bytes:
+                        if size > whole_max:
                             if not self.stream:
                                 return None
                             shared = self._share(
@@ -319,8 +327,15 @@ class ListBatcher:
         chunks: list[bytes],
     ) -> SharedBody:
         """The batch's answer, too big to hold whole, given to its members as it goes on."""
+        # The window is taken from the budget of every streamed batch; one piece at least, so
+        # that a batch always moves (beyond the budget by that piece at most).
+        taken = self.budget.take_at_most(self.max_bytes)
         shared = SharedBody(
-            chunks, batch.members, window=self.max_bytes, slow_seconds=SLOW_READER_SECONDS
+            chunks,
+            batch.members,
+            window=max(taken, PACED_BODY_BYTES),
+            slow_seconds=SLOW_READER_SECONDS,
+            released=lambda: self.budget.give(taken),
         )
         if not batch.answer.done():
             batch.answer.set_result(Streamed(status, reason, headers, shared))

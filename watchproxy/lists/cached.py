@@ -7,11 +7,14 @@ lasts: see ``lists.sharedaccess``).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from aiohttp import web
 
 from watchproxy.kube.apipath import ApiPath
 from watchproxy.kube.watchquery import WatchQuery
-from watchproxy.lists.cover import cached_cover
+from watchproxy.lists.answers import EncodedAnswer, encoded
+from watchproxy.lists.cover import Cover, cached_cover
 from watchproxy.lists.ports import ListRequest, SharedWatches
 from watchproxy.lists.sharedaccess import SharedAccess
 from watchproxy.metrics import Metrics
@@ -31,7 +34,7 @@ class CachedLists:
 
     async def serve(
         self, request: ListRequest, api_path: ApiPath, query: WatchQuery
-    ) -> web.Response | None:
+    ) -> web.Response | EncodedAnswer | None:
         cover = cached_cover(self.hub, api_path, query, request.headers)
         if cover is None:
             return None
@@ -40,8 +43,17 @@ class CachedLists:
             if admitted is not True:
                 # Passed through, or the apiserver's 403.
                 return admitted if isinstance(admitted, web.Response) else None
-        body = cover.list_body()
         self.metrics.lists_from_cache.inc()
-        answer = web.Response(body=body)
-        answer.headers["Content-Type"] = cover.shared.representation.content_type
-        return answer
+        return hub_answer(cover, cover.list_pieces())
+
+
+def hub_answer(cover: Cover, pieces: Iterator[bytes]) -> web.Response | EncodedAnswer:
+    """A LIST answer from the hub: one piece is answered whole, more are written as they are
+    encoded (a large collection's LIST is never one bytes object)."""
+    content_type = cover.shared.representation.content_type
+    body = encoded(content_type, pieces)
+    if isinstance(body, EncodedAnswer):
+        return body
+    answer = web.Response(body=body)
+    answer.headers["Content-Type"] = content_type
+    return answer

@@ -15,12 +15,16 @@ from collections.abc import Callable
 
 from aiohttp import web
 
+from watchproxy.errors import ProxyError
 from watchproxy.hub.cachetypes import parse_rv
 from watchproxy.hub.multiplexer import Headers
+from watchproxy.hub.transitions import Phase
 from watchproxy.kube.apipath import ApiPath
 from watchproxy.kube.watchquery import WatchQuery
+from watchproxy.lists.answers import EncodedAnswer
 from watchproxy.lists.batch import Answer, ListBatcher, Outgoing
-from watchproxy.lists.cover import Cover, consistent_cover
+from watchproxy.lists.cached import hub_answer
+from watchproxy.lists.cover import consistent_cover
 from watchproxy.lists.fresh import looks_busy, wait_current
 from watchproxy.lists.pages import Snapshots, decode_continue, page_of
 from watchproxy.lists.ports import ListRequest, SharedWatches
@@ -71,7 +75,7 @@ class ConsistentLists:
 
     async def serve(
         self, request: ListRequest, api_path: ApiPath, query: WatchQuery
-    ) -> web.Response | None:
+    ) -> web.Response | EncodedAnswer | None:
         """The answer from a shared watch; None: the LIST goes to the apiserver."""
         if self.wait <= 0:
             return None
@@ -94,20 +98,30 @@ class ConsistentLists:
         if not looks_busy(cover.shared, self.wait, self.clock()):
             outcomes.labels("quiet").inc()
             return None
-        current = await self._current_rv(request)
-        if current is None:
-            outcomes.labels("probe-failed").inc()
+        if cover.shared.state is not Phase.WATCHING:
+            # Backing off, relisting, waiting for the apiserver: its state would not catch up
+            # in time, and the probe would be a second request for nothing.
+            outcomes.labels("not-watching").inc()
             return None
+        current = await self._current_rv(request)
+        if not isinstance(current, int):
+            outcomes.labels("probe-failed").inc()
+            if isinstance(current, ProxyError):
+                # No answer (unreachable, throttled): the client's LIST would have met the same,
+                # and is not sent a second time behind its back.
+                raise current.with_traceback(None)
+            return current
+
         if not await wait_current(cover, current, self.wait, self.clock):
             outcomes.labels("behind").inc()
             return None
         outcomes.labels("hub").inc()
         if not paged:
-            return self._answer(cover, cover.list_body())
+            return hub_answer(cover, cover.list_pieces())
         snapshot = cover.snapshot()
         self.snapshots.put(cover.shared, cover.namespace, snapshot)
         page = page_of(snapshot, None, query.limit or 0, _key_prefix(api_path))
-        return self._answer(cover, cover.page_body(snapshot, page))
+        return hub_answer(cover, cover.page_pieces(snapshot, page))
 
     async def _admitted(
         self, request: ListRequest, api_path: ApiPath, query: WatchQuery
@@ -120,7 +134,7 @@ class ConsistentLists:
 
     def _next_page(
         self, api_path: ApiPath, query: WatchQuery, headers: Headers
-    ) -> web.Response | None:
+    ) -> web.Response | EncodedAnswer | None:
         """A continuation of a page 1 the hub answered, from its snapshot: no probe, the
         snapshot is the collection at the token's revision. Anything else goes upstream."""
         cover = consistent_cover(self.hub, api_path, query, headers)
@@ -136,25 +150,39 @@ class ConsistentLists:
             return None
         self.metrics.consistent_lists.labels("page").inc()
         page = page_of(snapshot, start, query.limit or 0, _key_prefix(api_path))
-        return self._answer(cover, cover.page_body(snapshot, page))
+        return hub_answer(cover, cover.page_pieces(snapshot, page))
 
-    @staticmethod
-    def _answer(cover: Cover, body: bytes) -> web.Response:
-        answer = web.Response(body=body)
-        answer.headers["Content-Type"] = cover.shared.representation.content_type
-        return answer
-
-    async def _current_rv(self, request: ListRequest) -> int | None:
+    async def _current_rv(self, request: ListRequest) -> int | web.Response | ProxyError | None:
+        """The apiserver's current revision; else the probe's error answer, which is the
+        client's answer too, or None (the LIST goes upstream)."""
         headers, auth = self.probes.forwarder.outgoing_headers(request.headers)
         headers["Accept"] = "application/json"  # parsed here, whatever the client reads
         headers.popall("Accept-Encoding", None)
-        path = request.raw_path.partition("?")[0] + "?limit=1"
         answer = await self.probes.shared_answer(
-            path, headers, auth, counted_in=self.metrics.freshness_probes
+            probe_target(request.raw_path), headers, auth, counted_in=self.metrics.freshness_probes
         )
-        if not isinstance(answer, Answer) or answer.status != 200:
+        if isinstance(answer, ProxyError) or answer is None:
+            return answer
+        if not isinstance(answer, Answer):
             return None
+        if answer.status != 200:
+            # The client's own path, selectors and credential: its LIST would get this verdict.
+            refused = web.Response(status=answer.status, reason=answer.reason, body=answer.body)
+            refused.headers.extend(answer.headers)
+            return refused
         try:
             return parse_rv(json.loads(answer.body)["metadata"]["resourceVersion"])
         except (ValueError, KeyError, TypeError):
             return None
+
+
+_PROBE_KEEPS = ("labelSelector=", "fieldSelector=")
+
+
+def probe_target(raw_path: str) -> str:
+    """The one-item LIST that reads the current revision for a LIST of ``raw_path``: the same
+    path and selectors (so that an error answer, an authorization that depends on the
+    selectors, is the one the LIST would get), as they came, and ``limit=1``."""
+    path, _, query = raw_path.partition("?")
+    kept = [part for part in query.split("&") if part.startswith(_PROBE_KEEPS)]
+    return path + "?" + "&".join([*kept, "limit=1"])

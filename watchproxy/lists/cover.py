@@ -9,6 +9,7 @@ state holds every object of that namespace (an informer watching all pods answer
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from watchproxy.hub.cachetypes import NotSynced
@@ -33,6 +34,11 @@ class Cover:
         """The LIST answer at the state's resourceVersion."""
         return self.shared.cache.list_response(self.namespace)
 
+    def list_pieces(self) -> Iterator[bytes]:
+        """:meth:`list_body` in pieces, each encoded when it is asked for, from the objects
+        the state holds now."""
+        return self.shared.cache.list_pieces(self.namespace)
+
     def snapshot(self) -> Snapshot:
         """The covered objects now, in key order, to page through (see ``pages``)."""
         cache = self.shared.cache
@@ -47,6 +53,11 @@ class Cover:
         if page.token is None:  # the last page: a LIST like any other
             return state.encode_list(page.kept, snapshot.rv_str)
         return state.encode_page(page.kept, snapshot.rv_str, page.token, page.remaining)
+
+    def page_pieces(self, snapshot: Snapshot, page: Page) -> Iterator[bytes]:
+        """:meth:`page_body` in pieces."""
+        meta = None if page.token is None else (page.token, page.remaining)
+        return self.shared.cache.state.page_pieces(page.kept, snapshot.rv_str, meta)
 
 
 def find_cover(

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from watchproxy.hub.multiplexer import Headers
+from watchproxy.hub.transitions import Phase
 from watchproxy.hub.watchcache import WatchCache
 from watchproxy.hub.watchkey import Unservable, WatchKey
 from watchproxy.kube.apipath import ApiPath
@@ -40,6 +41,10 @@ class ListedWatch(Protocol):
 
     @property
     def representation(self) -> Representation: ...
+
+    @property
+    def state(self) -> Phase:
+        """Its upstream watch's phase (watching, backing off, relisting, ...)."""
 
     @property
     def advanced_at(self) -> float | None:

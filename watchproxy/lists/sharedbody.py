@@ -1,36 +1,26 @@
 """One upstream body read once and written to several clients, each at its own pace.
 
-A batched LIST whose answer outgrows what a batch may hold (``limits.list_batch_max_bytes``) is
-not read again by each member: what was read so far and the rest, as it arrives, are kept as
-shared chunks, and every member reads them from its own position. Chunks every reader has
-passed are dropped. The producer holds at most ``window`` bytes: past it, it waits for the
-slowest reader; a reader that takes no chunk for ``slow_seconds`` while the producer waits is
-cut (its client's connection is closed, as the apiserver closes a LIST it cannot write), so a
-slow client costs at most the window, and the others go on.
+A batched LIST's answer larger than a piece (``lists.batch``) is not held whole nor read again
+by each member: what was read so far and the rest, as it arrives, are kept as shared chunks,
+and every member reads them from its own position. Chunks every reader has passed are dropped.
+The producer holds at most ``window`` bytes: past it, it waits for the slowest reader; a reader
+that takes no chunk for ``slow_seconds`` while the producer waits is cut (its client's
+connection is closed, as the apiserver closes a LIST it cannot write), so a slow client costs
+at most the window, and the others go on.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-from typing import Protocol
+from collections.abc import Callable
 
-from aiohttp import web
 from multidict import CIMultiDict
 
-log = logging.getLogger("watchproxy.passthrough")
+from watchproxy.lists.answers import PACED_BODY_BYTES, ReaderCut, StreamedAnswer
 
 # How long the members of a streamed batch may all be kept waiting by its slowest one (the
 # producer's window full) before that one is cut: as long as a slow watcher is given.
 SLOW_READER_SECONDS = 30.0
-# A whole answer larger than this is written to each member in pieces of this size, each once
-# its client took the last (one write would hand the transport all of it: a copy per slow
-# client).
-PACED_BODY_BYTES = 256 * 1024
-
-
-class ReaderCut(Exception):
-    """This reader fell behind the window for too long, or the upstream body broke."""
 
 
 class SharedBody:
@@ -38,9 +28,17 @@ class SharedBody:
     ``readers`` readers (:meth:`read`), numbered 0 .. readers-1, each once to the end."""
 
     def __init__(
-        self, chunks: list[bytes], readers: int, *, window: int, slow_seconds: float
+        self,
+        chunks: list[bytes],
+        readers: int,
+        *,
+        window: int,
+        slow_seconds: float,
+        released: Callable[[], None] | None = None,
     ) -> None:
-        self._chunks = list(chunks)
+        # Views of at most a piece each: a reader copies one piece at a time into its client's
+        # socket, never a whole large chunk (an upstream body read whole is one).
+        self._chunks: list[memoryview] = [p for c in chunks for p in _pieces(c)]
         self._first = 0  # the position of _chunks[0]
         self._held = sum(len(c) for c in chunks)
         self._positions: dict[int, int] = dict.fromkeys(range(readers), 0)
@@ -51,6 +49,8 @@ class SharedBody:
         self._cut: set[int] = set()
         self._arrived = asyncio.Event()  # a chunk or the end arrived
         self._advanced = asyncio.Event()  # a reader took a chunk or left
+        # Called once, when the body has ended and every reader has left: what it held is gone.
+        self._released = released
 
     @property
     def readers(self) -> int:
@@ -64,7 +64,7 @@ class SharedBody:
         """Append ``chunk`` once the window has room; False: no reader is left, stop."""
         if not self._positions:
             return False
-        self._chunks.append(chunk)
+        self._chunks.extend(_pieces(chunk))
         self._held += len(chunk)
         self._arrived.set()
         while self._positions and self._held > self._window:
@@ -86,6 +86,7 @@ class SharedBody:
         self._ended = True
         self._failure = failure
         self._arrived.set()
+        self._release_when_done()
 
     async def read(self, reader: int) -> bytes | None:
         """The reader's next chunk; None at the end of the body. Raises :class:`ReaderCut`."""
@@ -95,7 +96,7 @@ class SharedBody:
             position = self._positions[reader]
             index = position - self._first
             if index < len(self._chunks):
-                chunk = self._chunks[index]
+                chunk = bytes(self._chunks[index])
                 self._positions[reader] = position + 1
                 if position == self._first:
                     self._trim()
@@ -112,6 +113,14 @@ class SharedBody:
         self._cut.discard(reader)
         if self._positions.pop(reader, None) is not None:
             self._trim()
+        self._release_when_done()
+
+    def _release_when_done(self) -> None:
+        if self._ended and not self._positions and self._released is not None:
+            released, self._released = self._released, None
+            self._chunks.clear()
+            self._held = 0
+            released()
 
     def _trim(self) -> None:
         """Drop the chunks every reader has passed; wake the producer."""
@@ -124,9 +133,14 @@ class SharedBody:
         self._advanced.set()
 
 
+def _pieces(chunk: bytes) -> list[memoryview]:
+    view = memoryview(chunk)
+    return [view[at : at + PACED_BODY_BYTES] for at in range(0, len(view), PACED_BODY_BYTES)]
+
+
 class Streamed:
-    """A batch's answer too big to hold whole: its head, and its body shared by the batch's
-    members as it arrives. Each member :meth:`claim` s its reader once."""
+    """A batch's answer streamed to its members: its head, and its body shared by them as it
+    arrives. Each member :meth:`claim` s its reader once."""
 
     def __init__(self, status: int, reason: str, headers: CIMultiDict[str], body: SharedBody):
         self.status = status
@@ -135,105 +149,22 @@ class Streamed:
         self.body = body
         self._claimed = 0
 
-    def claim(self) -> StreamedAnswer:
+    def claim(self) -> SharedReader:
         reader = self._claimed
         self._claimed += 1
-        return StreamedAnswer(self, reader)
+        return SharedReader(self, reader)
 
 
-class StreamedAnswer:
-    """One member's view of a :class:`Streamed` answer: :meth:`next` until None, then (or
-    when its client leaves) :meth:`leave`."""
+class SharedReader(StreamedAnswer):
+    """One member's view of a :class:`Streamed` answer."""
 
     def __init__(self, shared: Streamed, reader: int) -> None:
-        self.status = shared.status
-        self.reason = shared.reason
-        self.headers = shared.headers
+        super().__init__(shared.status, shared.reason, shared.headers)
         self._body = shared.body
         self._reader = reader
 
     async def next(self) -> bytes | None:
-        """The next piece of the body; None at its end. Raises ``ReaderCut``: the client read
-        too slowly, or the upstream body broke (the client's answer cannot be completed)."""
         return await self._body.read(self._reader)
 
     def leave(self) -> None:
         self._body.leave(self._reader)
-
-
-async def paced(
-    request: web.Request, status: int, reason: str, headers: CIMultiDict[str], body: bytes
-) -> web.StreamResponse:
-    """A large whole answer written by aiohttp's server in pieces, each once the client has
-    taken the last: the batch's members share its one body, and a slow client holds one piece
-    in its buffer, not a copy of the whole."""
-    response = web.StreamResponse(status=status, reason=reason)
-    response.headers.extend(headers)
-    response.content_length = len(body)
-    await response.prepare(request)
-    for start in range(0, len(body), PACED_BODY_BYTES):
-        await response.write(body[start : start + PACED_BODY_BYTES])
-    await response.write_eof()
-    return response
-
-
-async def stream(request: web.Request, answer: StreamedAnswer) -> web.StreamResponse:
-    """A streamed batch answer written by aiohttp's server, at the pace the client reads."""
-    response = web.StreamResponse(status=answer.status, reason=answer.reason)
-    response.headers.extend(answer.headers)
-    try:
-        await response.prepare(request)
-        while True:
-            chunk = await answer.next()
-            if chunk is None:
-                break
-            await response.write(chunk)
-        await response.write_eof()
-    except ReaderCut as cut:
-        log.info("a streamed batch LIST was cut: %s", cut)
-        if request.transport is not None:
-            request.transport.abort()  # a body that cannot be completed must not look whole
-    finally:
-        answer.leave()
-    return response
-
-
-class Writer(Protocol):
-    """A client's connection as the fast lane writes to it (``server.fastlane``)."""
-
-    def write(self, data: bytes) -> None: ...
-
-    async def drain(self) -> None: ...
-
-    def abort(self) -> None: ...
-
-
-class WholeBody(Protocol):
-    @property
-    def body(self) -> bytes: ...
-
-
-async def write_answer(answer: StreamedAnswer | WholeBody, head: bytes, client: Writer) -> None:
-    """Write ``head``, then a streamed answer (chunked) or a large whole one (its declared
-    length) in pieces, each once the client took the last: the fast lane's writer."""
-    client.write(head)
-    if not isinstance(answer, StreamedAnswer):
-        body = answer.body
-        for start in range(0, len(body), PACED_BODY_BYTES):
-            client.write(body[start : start + PACED_BODY_BYTES])
-            await client.drain()
-        return
-    try:
-        while True:
-            chunk = await answer.next()
-            if chunk is None:
-                break
-            if chunk:
-                client.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
-                await client.drain()
-        client.write(b"0\r\n\r\n")
-    except ReaderCut as cut:
-        log.info("a streamed batch LIST was cut: %s", cut)
-        client.abort()  # a body that cannot be completed must not look whole
-    finally:
-        answer.leave()

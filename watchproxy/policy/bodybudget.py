@@ -28,6 +28,12 @@ class BodyBudget:
         self.held += size
         return True
 
+    def take_at_most(self, size: int) -> int:
+        """Take up to ``size`` bytes, as many as fit; how many were taken."""
+        room = size if not self.capacity else max(0, min(size, self.capacity - self.held))
+        self.held += room
+        return room
+
     def give(self, size: int) -> None:
         """Give back ``size`` bytes that :meth:`take` took."""
         self.held = max(0, self.held - size)

@@ -20,9 +20,9 @@ from aiohttp import web
 from watchproxy.errors import FaultyFraming, ProxyError, TooManyRequests
 from watchproxy.kube.apipath import ApiPath
 from watchproxy.kube.watchquery import QUICK_END_SECONDS, WatchQuery
+from watchproxy.lists.answers import StreamedAnswer, stream
 from watchproxy.lists.batch import Answer
 from watchproxy.lists.ports import ListRequest
-from watchproxy.lists.sharedbody import StreamedAnswer
 from watchproxy.metrics import Metrics
 from watchproxy.policy.access import AccessPolicy
 from watchproxy.policy.clientlimits import ErroredWatchLimiter
@@ -60,7 +60,7 @@ class WatchServer(Protocol):
 
     async def serve_list(
         self, request: ListRequest, api_path: ApiPath, query: WatchQuery
-    ) -> web.Response | None: ...
+    ) -> web.Response | StreamedAnswer | None: ...
 
 
 class ConsistentListServer(Protocol):
@@ -69,7 +69,7 @@ class ConsistentListServer(Protocol):
 
     async def serve(
         self, request: ListRequest, api_path: ApiPath, query: WatchQuery
-    ) -> web.Response | None: ...
+    ) -> web.Response | StreamedAnswer | None: ...
 
 
 class BatchedListServer(Protocol):
@@ -358,15 +358,23 @@ class ApiHandler:
         finally:
             self._streams.dec()
 
-    async def _cached_list(self, request: web.Request, route: Route) -> web.Response | None:
+    async def _cached_list(self, request: web.Request, route: Route) -> web.StreamResponse | None:
         assert route.api_path is not None and route.query is not None
-        return await self.hub.serve_list(request, route.api_path, route.query)
+        answer = await self.hub.serve_list(request, route.api_path, route.query)
+        if isinstance(answer, StreamedAnswer):
+            return await stream(request, answer)
+        return answer
 
-    async def _consistent_list(self, request: web.Request, route: Route) -> web.Response | None:
+    async def _consistent_list(
+        self, request: web.Request, route: Route
+    ) -> web.StreamResponse | None:
         assert route.api_path is not None and route.query is not None
         # Its probe is charged like a batched LIST: to the client that starts it.
         with flow(self._flow_of(request)):
-            return await self.consistent_lists.serve(request, route.api_path, route.query)
+            answer = await self.consistent_lists.serve(request, route.api_path, route.query)
+        if isinstance(answer, StreamedAnswer):
+            return await stream(request, answer)
+        return answer
 
     async def _batched_list(self, request: web.Request, route: Route) -> web.StreamResponse | None:
         with flow(self._flow_of(request)):

@@ -32,8 +32,8 @@ from yarl import URL
 
 from watchproxy.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable, status_bytes
 from watchproxy.kube.headers import response_headers
+from watchproxy.lists.answers import PACED_BODY_BYTES, StreamedAnswer, write_answer
 from watchproxy.lists.batch import Answer
-from watchproxy.lists.sharedbody import PACED_BODY_BYTES, StreamedAnswer, write_answer
 from watchproxy.policy.fairqueue import flow
 from watchproxy.server.api import ApiHandler, flow_key
 from watchproxy.server.clientgone import CLIENT_CLOSED_REQUEST, EndsWithClient

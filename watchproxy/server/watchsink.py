@@ -18,6 +18,7 @@ from watchproxy.kube import websocket
 from watchproxy.kube.apipath import ApiPath
 from watchproxy.kube.contentcoding import GZIP, IDENTITY, gzip_member, watch_coding
 from watchproxy.kube.watchquery import WatchQuery
+from watchproxy.lists.answers import StreamedAnswer
 from watchproxy.lists.cached import CachedLists
 from watchproxy.lists.ports import ListRequest
 from watchproxy.lists.sharedaccess import SharedAccess
@@ -222,5 +223,5 @@ class HubEndpoint:
 
     async def serve_list(
         self, request: ListRequest, api_path: ApiPath, query: WatchQuery
-    ) -> web.Response | None:
+    ) -> web.Response | StreamedAnswer | None:
         return await self.lists.serve(request, api_path, query)

@@ -1,0 +1,173 @@
+"""LIST answers written as a stream of pieces, at the pace each client reads.
+
+A LIST answer is either whole bytes (small: one write) or a :class:`StreamedAnswer`, whose body
+is handed over piece by piece, each once the client has taken the last: a batch member's view of
+one upstream answer (``lists.sharedbody``), or a LIST from the hub encoded from its cached
+objects as it is written (:class:`EncodedAnswer`). Nothing here holds a whole answer per client:
+a slow client holds one piece in its socket's buffer. The writers for the two servers are here
+too; :meth:`StreamedAnswer.chunks` is the same body as an async iterator, for any other writer.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Iterator
+from typing import Protocol
+
+from aiohttp import web
+from multidict import CIMultiDict
+
+log = logging.getLogger("watchproxy.passthrough")
+
+# A whole answer larger than this is written in pieces of this size, each once its client took
+# the last (one write would hand the transport all of it: a copy per slow client); the hub
+# encodes a streamed LIST in pieces of about this size.
+PACED_BODY_BYTES = 256 * 1024
+
+
+class ReaderCut(Exception):
+    """This reader fell behind the window for too long, or the upstream body broke."""
+
+
+class StreamedAnswer:
+    """An answer whose body comes in pieces: :meth:`next` until None, then (or when its client
+    leaves) :meth:`leave`, exactly once."""
+
+    def __init__(self, status: int, reason: str, headers: CIMultiDict[str]) -> None:
+        self.status = status
+        self.reason = reason
+        self.headers = headers
+
+    async def next(self) -> bytes | None:
+        """The next piece of the body; None at its end. Raises :class:`ReaderCut`: the client
+        read too slowly, or the upstream body broke (the client's answer cannot be completed)."""
+        raise NotImplementedError
+
+    def leave(self) -> None:
+        """Its client is done with it (read to the end, or left): what it held goes."""
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The body as an async iterator; leaves when the iteration ends or is closed."""
+        try:
+            while (chunk := await self.next()) is not None:
+                yield chunk
+        finally:
+            self.leave()
+
+
+class EncodedAnswer(StreamedAnswer):
+    """A body encoded piece by piece as it is written (``pieces``: a generator over references
+    to the hub's cached objects, taken when the LIST was answered): a LIST of a large
+    collection never exists as one bytes object."""
+
+    def __init__(
+        self, status: int, headers: CIMultiDict[str], first: bytes, pieces: Iterator[bytes]
+    ) -> None:
+        super().__init__(status, "OK", headers)
+        self._first: bytes | None = first
+        self._pieces: Iterator[bytes] | None = pieces
+
+    async def next(self) -> bytes | None:
+        if self._first is not None:
+            first, self._first = self._first, None
+            return first
+        if self._pieces is None:
+            return None
+        return next(self._pieces, None)
+
+    def leave(self) -> None:
+        self._first = None
+        self._pieces = None  # the references to the cached objects go with it
+
+
+def encoded(content_type: str, pieces: Iterator[bytes]) -> bytes | EncodedAnswer:
+    """A LIST body from the hub: whole bytes when it is one piece, else streamed."""
+    first = next(pieces, b"")
+    second = next(pieces, None)
+    if second is None:
+        return first
+    headers: CIMultiDict[str] = CIMultiDict({"Content-Type": content_type})
+
+    def rest() -> Iterator[bytes]:
+        yield second
+        yield from pieces
+
+    return EncodedAnswer(200, headers, first, rest())
+
+
+async def paced(
+    request: web.Request, status: int, reason: str, headers: CIMultiDict[str], body: bytes
+) -> web.StreamResponse:
+    """A large whole answer written by aiohttp's server in pieces, each once the client has
+    taken the last: the batch's members share its one body, and a slow client holds one piece
+    in its buffer, not a copy of the whole."""
+    response = web.StreamResponse(status=status, reason=reason)
+    response.headers.extend(headers)
+    response.content_length = len(body)
+    await response.prepare(request)
+    for start in range(0, len(body), PACED_BODY_BYTES):
+        await response.write(body[start : start + PACED_BODY_BYTES])
+    await response.write_eof()
+    return response
+
+
+async def stream(request: web.Request, answer: StreamedAnswer) -> web.StreamResponse:
+    """A streamed answer written by aiohttp's server, at the pace the client reads."""
+    response = web.StreamResponse(status=answer.status, reason=answer.reason)
+    response.headers.extend(answer.headers)
+    try:
+        await response.prepare(request)
+        while True:
+            chunk = await answer.next()
+            if chunk is None:
+                break
+            await response.write(chunk)
+        await response.write_eof()
+    except ReaderCut as cut:
+        log.info("a streamed LIST was cut: %s", cut)
+        if request.transport is not None:
+            request.transport.abort()  # a body that cannot be completed must not look whole
+    finally:
+        answer.leave()
+    return response
+
+
+class Writer(Protocol):
+    """A client's connection as the fast lane writes to it (``server.fastlane``)."""
+
+    def write(self, data: bytes) -> None: ...
+
+    async def drain(self) -> None: ...
+
+    def abort(self) -> None: ...
+
+
+class WholeBody(Protocol):
+    @property
+    def body(self) -> bytes: ...
+
+
+async def write_answer(answer: StreamedAnswer | WholeBody, head: bytes, client: Writer) -> None:
+    """Write ``head``, then a streamed answer (chunked) or a large whole one (its declared
+    length) in pieces, each once the client took the last: the fast lane's writer."""
+    client.write(head)
+    if not isinstance(answer, StreamedAnswer):
+        body = answer.body
+        for start in range(0, len(body), PACED_BODY_BYTES):
+            client.write(body[start : start + PACED_BODY_BYTES])
+            await client.drain()
+        return
+    try:
+        while True:
+            chunk = await answer.next()
+            if chunk is None:
+                break
+            if chunk:
+                client.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+                await client.drain()
+        client.write(b"0\r\n\r\n")
+    except ReaderCut as cut:
+        log.info("a streamed LIST was cut: %s", cut)
+        client.abort()  # a body that cannot be completed must not look whole
+    finally:
+        answer.leave()
