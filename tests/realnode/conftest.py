@@ -13,8 +13,10 @@ import json
 import os
 import secrets
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -63,9 +65,12 @@ def node(tmp_path_factory: pytest.TempPathFactory, node_baseline: set[str]) -> I
         problem = f"image archives missing ({names}): run python -m tests.realnode.images"
     if problem is not None:
         _unavailable(problem)
+    began = time.monotonic()
     with running_node(tmp_path_factory.mktemp("realnode"), images.archives()) as started:
         Cluster(started).wait_node_ready(timeout=90)
         started.check_alive()
+        MEASURED.update({f"node start: {k} (s)": v for k, v in started.timings.items()})
+        MEASURED["node start: node Ready (s)"] = round(time.monotonic() - began, 1)
         yield started
 
 
@@ -74,12 +79,10 @@ def cluster(node: Node) -> Cluster:
     return Cluster(node)
 
 
-@pytest.fixture
-def namespace(cluster: Cluster) -> Iterator[str]:
-    """A fresh namespace where Pod Security ``restricted`` is enforced, with a ServiceAccount
-    ``app`` that may read configmaps and pods (the apps' identity, and so watchproxy's)."""
-    name = f"rn-{secrets.token_hex(3)}"
-    manifests = [
+def namespace_manifests(name: str) -> list[dict[str, Any]]:
+    """A namespace where Pod Security ``restricted`` is enforced, with a ServiceAccount ``app``
+    that may read configmaps and pods (the apps' identity, and so their sidecar's)."""
+    return [
         {
             "apiVersion": "v1",
             "kind": "Namespace",
@@ -113,7 +116,13 @@ def namespace(cluster: Cluster) -> Iterator[str]:
             "subjects": [{"kind": "ServiceAccount", "name": "app", "namespace": name}],
         },
     ]
-    cluster.apply(manifests)
+
+
+@pytest.fixture
+def namespace(cluster: Cluster) -> Iterator[str]:
+    """A fresh namespace of :func:`namespace_manifests`, deleted afterwards."""
+    name = f"rn-{secrets.token_hex(3)}"
+    cluster.apply(namespace_manifests(name))
     # The controller manager publishes the cluster's CA into every namespace; the projected
     # ServiceAccount volume of the sidecar mounts it.
     cluster.kubectl(
@@ -121,6 +130,17 @@ def namespace(cluster: Cluster) -> Iterator[str]:
     )
     yield name
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+MEASURED: dict[str, Any] = {}
+"""Figures the tests measured (docs/cluster.md quotes them), printed after the run."""
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if MEASURED:
+        terminalreporter.section("real-node measurements")
+        for what, value in MEASURED.items():
+            terminalreporter.write_line(f"{what}: {value}")
 
 
 def dump(path: Path, data: object) -> Path:
