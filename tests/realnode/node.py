@@ -628,9 +628,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             return []
         self.closed = True
         problems: list[str] = []
-        for name in ("kubelet", "kube-controller-manager", "kube-scheduler"):
-            if name in self.daemons:
-                self.daemons[name].stop()
+        started = time.monotonic()
+        self._stop("kubelet", "kube-controller-manager", "kube-scheduler")
+        self.timings["teardown: node daemons stopped"] = round(time.monotonic() - started, 1)
         # The pods' processes: everything in the node's cgroups.
         pids_root = CGROUP_ROOT / "pids" / self.name
         with contextlib.suppress(TimeoutError):
@@ -653,9 +653,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
                 os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(TimeoutError):
             wait_until(lambda: not any(pid_alive(p) for p in shims), timeout=10, what="the shims")
-        for name in ("containerd", "kubetestenv", "forward"):
-            if name in self.daemons:
-                self.daemons[name].stop()
+        self.timings["teardown: pods and shims killed"] = round(time.monotonic() - started, 1)
+        self._stop("containerd", "kubetestenv", "forward")
+        self.timings["teardown: control plane stopped"] = round(time.monotonic() - started, 1)
         if self.holder is not None and self.holder.poll() is None:
             self.holder.kill()
             self.holder.wait(STOP_TIMEOUT)
@@ -671,6 +671,15 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         shutil.rmtree(self.run_dir / "kubelet", ignore_errors=True)
         problems += leftovers(self.name, self.run_dir)
         return problems
+
+    def _stop(self, *names: str) -> None:
+        """SIGTERM to all of ``names`` at once, then each is awaited (SIGKILL if it hangs)."""
+        daemons = [self.daemons[n] for n in names if n in self.daemons]
+        for daemon in daemons:
+            if daemon.process.poll() is None:
+                daemon.process.send_signal(signal.SIGTERM)
+        for daemon in daemons:
+            daemon.stop()
 
     def _own_pids(self) -> set[int]:
         return {d.process.pid for d in self.daemons.values()}

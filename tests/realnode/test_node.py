@@ -8,7 +8,7 @@ import os
 from typing import Any
 
 from tests.realnode.cluster import Cluster
-from tests.realnode.conftest import host_links
+from tests.realnode.conftest import MEASURED, host_links
 from tests.realnode.node import (
     NODE_IP,
     NODE_NAME,
@@ -93,6 +93,7 @@ def test_teardown_leaves_nothing_on_the_machine(node: Node, node_baseline: set[s
     pids.append(node.holder.pid)
     assert all(pid_alive(p) for p in pids)
     problems = node.close()
+    MEASURED.update({f"{k} (s)": v for k, v in node.timings.items() if k.startswith("teardown")})
     assert problems == []
     assert leftovers(node.name, node.run_dir) == []
     assert node.name not in list_netns()
