@@ -661,6 +661,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             self.holder.wait(STOP_TIMEOUT)
         for directory in cgroup_dirs(self.name):
             problems += remove_cgroup_tree(directory)
+        self.timings["teardown: cgroups removed"] = round(time.monotonic() - started, 1)
         if self.name in list_netns():
             run(["ip", "netns", "delete", self.name], check=False)
         for path in reversed(self.created_dirs):
@@ -669,6 +670,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         # The container store: hundreds of MB of unpacked layers per run.
         shutil.rmtree(self.run_dir / "containerd", ignore_errors=True)
         shutil.rmtree(self.run_dir / "kubelet", ignore_errors=True)
+        self.timings["teardown: all removed"] = round(time.monotonic() - started, 1)
         problems += leftovers(self.name, self.run_dir)
         return problems
 

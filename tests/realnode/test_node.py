@@ -56,13 +56,6 @@ def test_node_registers_with_its_node_identity_and_address(cluster: Cluster) -> 
     assert addresses["InternalIP"] == NODE_IP
     assert node["status"]["nodeInfo"]["kubeletVersion"] == "v1.37.2"
     assert node["status"]["nodeInfo"]["containerRuntimeVersion"].startswith("containerd://1.")
-    # The Node authorizer and NodeRestriction let the kubelet write its own Lease only as
-    # system:node:realnode: the Lease exists and is renewed by that identity.
-    cluster.kubectl(
-        "wait", "--for=create", "-n", "kube-node-lease", f"lease/{NODE_NAME}", "--timeout=30s"
-    )
-    lease = cluster.get("lease", "-n", "kube-node-lease", NODE_NAME)
-    assert lease["spec"]["holderIdentity"] == NODE_NAME
 
 
 def test_pods_get_addresses_inside_the_namespace_and_the_machine_gets_none(
@@ -86,8 +79,14 @@ def test_pods_get_addresses_inside_the_namespace_and_the_machine_gets_none(
     assert logs == "hello from hello\n"
 
 
-def test_teardown_leaves_nothing_on_the_machine(node: Node, node_baseline: set[str]) -> None:
+def test_teardown_leaves_nothing_on_the_machine(
+    node: Node, node_baseline: set[str], cluster: Cluster
+) -> None:
     """Runs last (conftest moves it): it ends the session's node itself."""
+    # First, once the node has run a while: the Node authorizer and NodeRestriction let the
+    # kubelet write its own Lease only as system:node:realnode; it holds and renews it.
+    lease = cluster.get("lease", "-n", "kube-node-lease", NODE_NAME)
+    assert lease["spec"]["holderIdentity"] == NODE_NAME
     pids = [d.process.pid for d in node.daemons.values()]
     assert node.holder is not None
     pids.append(node.holder.pid)

@@ -1,15 +1,17 @@
 """watchproxy as a native sidecar for real: a Deployment passed through ``watchproxy inject``
-and applied unchanged, on a kubelet 1.37, in a namespace where Pod Security ``restricted`` is
-enforced. The app is kubectl watching configmaps through the sidecar.
+(or built with the kustomize component deploy/components/sidecar) and applied unchanged, on a
+kubelet 1.37, in a namespace where Pod Security ``restricted`` is enforced. The app is kubectl
+watching configmaps through the sidecar.
 
-The tests of this module share one Deployment (starting it is most of their cost); the last one
-deletes its pod.
+The tests of this module share one Deployment per way of adding the sidecar (starting it is
+most of their cost); the last one deletes its pod.
 """
 
 from __future__ import annotations
 
 import http.client
 import json
+import os
 import re
 import secrets
 import subprocess
@@ -34,19 +36,27 @@ REPO = Path(__file__).resolve().parents[2]
 APP_SCRIPT = """
 on_term() {
     echo "app: SIGTERM"
-    kubectl get configmap kube-root-ca.crt -o name && echo "app: served after SIGTERM"
+    kubectl $NS get configmap kube-root-ca.crt -o name && echo "app: served after SIGTERM"
     exit 0
 }
 trap on_term TERM
+NS=${POD_NAMESPACE:+--namespace=$POD_NAMESPACE}
 echo "app: started"
-kubectl get configmaps --watch --no-headers \\
+kubectl $NS get configmaps --watch --no-headers \\
     -o custom-columns=NAME:.metadata.name,RV:.metadata.resourceVersion &
 wait
 """
 
 
-def app_deployment(namespace: str) -> dict[str, Any]:
-    """What a user writes: an app with its ServiceAccount, compliant with ``restricted``."""
+def app_deployment(namespace: str, *, namespace_from_pod: bool = False) -> dict[str, Any]:
+    """What a user writes: an app with its ServiceAccount, compliant with ``restricted``.
+
+    ``namespace_from_pod``: the app names its namespace itself (POD_NAMESPACE from the downward
+    API), as it must under the kustomize component, whose kubeconfig cannot know the namespace
+    (``watchproxy inject`` writes it into the kubeconfig; docs/deploying.md, "Namespace")."""
+    env = [
+        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}
+    ]
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -70,6 +80,7 @@ def app_deployment(namespace: str) -> dict[str, Any]:
                             "image": "wprn-app:1",
                             "imagePullPolicy": "Never",
                             "command": ["sh", "-c", APP_SCRIPT],
+                            "env": env if namespace_from_pod else [],
                             "securityContext": {
                                 "allowPrivilegeEscalation": False,
                                 "capabilities": {"drop": ["ALL"]},
@@ -106,20 +117,47 @@ class App:
         return str(self.pod["metadata"]["name"])
 
 
-@pytest.fixture(scope="module")
-def app(node: Node, tmp_path_factory: pytest.TempPathFactory) -> Iterator[App]:
+def kustomize(manifest: dict[str, Any], tmp_path: Path) -> str:
+    """The app's kustomization with the sidecar component, as deploy/components/sidecar says."""
+    (tmp_path / "deployment.yaml").write_text(yaml.safe_dump(manifest), encoding="utf-8")
+    component = os.path.relpath(REPO / "deploy" / "components" / "sidecar", tmp_path)
+    kustomization = {
+        "namespace": manifest["metadata"]["namespace"],
+        "resources": ["deployment.yaml"],
+        "components": [component],
+        "images": [{"name": "watchproxy", "newTag": VERSION}],
+    }
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(kustomization), encoding="utf-8")
+    done = subprocess.run(
+        [KUBECTL, "kustomize", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    return done.stdout
+
+
+@pytest.fixture(scope="module", params=["inject", "kustomize"])
+def app(
+    node: Node, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[App]:
+    """The app with the sidecar added by ``watchproxy inject`` or by the kustomize component,
+    applied as that tool writes it."""
     cluster = Cluster(node)
     namespace = f"sc-{secrets.token_hex(3)}"
     cluster.apply(namespace_manifests(namespace))
     cluster.kubectl(
         "wait", "--for=create", "-n", namespace, "configmap/kube-root-ca.crt", "--timeout=30s"
     )
-    injected = inject(app_deployment(namespace), tmp_path_factory.mktemp("inject"))
+    render = inject if request.param == "inject" else kustomize
+    manifest = app_deployment(namespace, namespace_from_pod=request.param == "kustomize")
+    injected = render(manifest, tmp_path_factory.mktemp(request.param))
     started = time.monotonic()
     # Unchanged: the output of `watchproxy inject`, as a user pipes it to kubectl apply.
     cluster.kubectl("apply", "-n", namespace, "-f", "-", stdin=injected)
     pod = cluster.wait_pod_ready(namespace, "app=app", timeout=90)
-    MEASURED["injected pod: apply to Ready (s)"] = round(time.monotonic() - started, 1)
+    MEASURED[f"{request.param}: pod apply to Ready (s)"] = round(time.monotonic() - started, 1)
     yield App(namespace, pod, list(yaml.safe_load_all(injected)))
     cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
 
@@ -228,6 +266,11 @@ def test_sidecar_runs_as_65532_on_a_read_only_root_under_restricted_pod_security
     status = cluster.kubectl(*exec_, "cat", "/proc/1/status").stdout.decode()
     rss_kb = int(re.search(r"^VmRSS:\s+(\d+) kB", status, re.M).group(1))  # type: ignore[union-attr]
     MEASURED["sidecar RSS serving the app's watch (MiB)"] = round(rss_kb / 1024, 1)
+    MEASURED["sidecar memory.usage_in_bytes of its cgroup (MiB)"] = round(
+        int(cluster.kubectl(*exec_, "cat", "/sys/fs/cgroup/memory/memory.usage_in_bytes").stdout)
+        / 2**20,
+        1,
+    )
     # A pod that drops the injected securityContext is refused by the same namespace: the
     # sidecar was admitted by an enforcing policy, not by a permissive one.
     bad = {
