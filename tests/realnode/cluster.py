@@ -63,6 +63,55 @@ class Cluster:
         ns = ["-n", namespace] if namespace else []
         self.kubectl("apply", *ns, "-f", "-", stdin=text)
 
+    def create_namespace(self, name: str) -> None:
+        """A namespace where Pod Security ``restricted`` is enforced, with a ServiceAccount ``app``
+        that may read configmaps and pods (the apps' identity, and so their sidecar's)."""
+        self.apply(
+            [
+                {
+                    "apiVersion": "v1",
+                    "kind": "Namespace",
+                    "metadata": {
+                        "name": name,
+                        "labels": {"pod-security.kubernetes.io/enforce": "restricted"},
+                    },
+                },
+                {
+                    "apiVersion": "v1",
+                    "kind": "ServiceAccount",
+                    "metadata": {"name": "app", "namespace": name},
+                },
+                {
+                    "apiVersion": "rbac.authorization.k8s.io/v1",
+                    "kind": "Role",
+                    "metadata": {"name": "app", "namespace": name},
+                    "rules": [
+                        {
+                            "apiGroups": [""],
+                            "resources": ["configmaps", "pods"],
+                            "verbs": ["get", "list", "watch"],
+                        }
+                    ],
+                },
+                {
+                    "apiVersion": "rbac.authorization.k8s.io/v1",
+                    "kind": "RoleBinding",
+                    "metadata": {"name": "app", "namespace": name},
+                    "roleRef": {
+                        "apiGroup": "rbac.authorization.k8s.io",
+                        "kind": "Role",
+                        "name": "app",
+                    },
+                    "subjects": [{"kind": "ServiceAccount", "name": "app", "namespace": name}],
+                },
+            ]
+        )
+        # The controller manager creates the namespace's default ServiceAccount (which pods
+        # without one of their own need) and publishes the cluster's CA into it (the projected
+        # ServiceAccount volumes mount it).
+        for what in ("serviceaccount/default", "configmap/kube-root-ca.crt"):
+            self.kubectl("wait", "--for=create", "-n", name, what, "--timeout=30s", timeout=35)
+
     def get(self, *args: str) -> Any:
         return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
 

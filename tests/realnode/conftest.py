@@ -79,55 +79,11 @@ def cluster(node: Node) -> Cluster:
     return Cluster(node)
 
 
-def namespace_manifests(name: str) -> list[dict[str, Any]]:
-    """A namespace where Pod Security ``restricted`` is enforced, with a ServiceAccount ``app``
-    that may read configmaps and pods (the apps' identity, and so their sidecar's)."""
-    return [
-        {
-            "apiVersion": "v1",
-            "kind": "Namespace",
-            "metadata": {
-                "name": name,
-                "labels": {"pod-security.kubernetes.io/enforce": "restricted"},
-            },
-        },
-        {
-            "apiVersion": "v1",
-            "kind": "ServiceAccount",
-            "metadata": {"name": "app", "namespace": name},
-        },
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "Role",
-            "metadata": {"name": "app", "namespace": name},
-            "rules": [
-                {
-                    "apiGroups": [""],
-                    "resources": ["configmaps", "pods"],
-                    "verbs": ["get", "list", "watch"],
-                }
-            ],
-        },
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "RoleBinding",
-            "metadata": {"name": "app", "namespace": name},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "app"},
-            "subjects": [{"kind": "ServiceAccount", "name": "app", "namespace": name}],
-        },
-    ]
-
-
 @pytest.fixture
 def namespace(cluster: Cluster) -> Iterator[str]:
-    """A fresh namespace of :func:`namespace_manifests`, deleted afterwards."""
+    """A fresh namespace of :meth:`Cluster.create_namespace`, deleted afterwards."""
     name = f"rn-{secrets.token_hex(3)}"
-    cluster.apply(namespace_manifests(name))
-    # The controller manager publishes the cluster's CA into every namespace; the projected
-    # ServiceAccount volume of the sidecar mounts it.
-    cluster.kubectl(
-        "wait", "--for=create", "-n", name, "configmap/kube-root-ca.crt", "--timeout=30s"
-    )
+    cluster.create_namespace(name)
     yield name
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
 

@@ -406,9 +406,12 @@ class Node:
         ready = self.run_dir / "kubetestenv.ready"
         apiserver_args = [
             realapi.APISERVER_ARGS,
-            # Later values of these flags replace kubetestenv's own (loopback only).
+            # These replace kubetestenv's own flags of the same names: it serves loopback only,
+            # and turns the ServiceAccount admission plugin off (no controller manager makes
+            # the "default" ServiceAccounts it wants there; here one does).
             "--bind-address=0.0.0.0",
             f"--advertise-address={NODE_IP}",
+            "--disable-admission-plugins=",
             "--enable-admission-plugins=NodeRestriction",
             f"--kubelet-client-certificate={creds.kubelet_client_cert}",
             f"--kubelet-client-key={creds.kubelet_client_key}",
@@ -664,9 +667,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         self.timings["teardown: cgroups removed"] = round(time.monotonic() - started, 1)
         if self.name in list_netns():
             run(["ip", "netns", "delete", self.name], check=False)
-        for path in reversed(self.created_dirs):
-            with contextlib.suppress(OSError):
-                path.rmdir()
+        # The mount points this node created, unless another node runs (a second test
+        # process): removing a directory unmounts it in every namespace that mounted it.
+        if not any(ns.startswith(NETNS_PREFIX) for ns in list_netns()):
+            for path in reversed(self.created_dirs):
+                with contextlib.suppress(OSError):
+                    path.rmdir()
         # The container store: hundreds of MB of unpacked layers per run.
         shutil.rmtree(self.run_dir / "containerd", ignore_errors=True)
         shutil.rmtree(self.run_dir / "kubelet", ignore_errors=True)

@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from tests.realnode.cluster import KUBECTL, Cluster, LineStream
-from tests.realnode.conftest import MEASURED, namespace_manifests
+from tests.realnode.conftest import MEASURED
 from tests.realnode.images import VERSION
 from tests.realnode.node import Node
 
@@ -146,10 +146,7 @@ def app(
     applied as that tool writes it."""
     cluster = Cluster(node)
     namespace = f"sc-{secrets.token_hex(3)}"
-    cluster.apply(namespace_manifests(namespace))
-    cluster.kubectl(
-        "wait", "--for=create", "-n", namespace, "configmap/kube-root-ca.crt", "--timeout=30s"
-    )
+    cluster.create_namespace(namespace)
     render = inject if request.param == "inject" else kustomize
     manifest = app_deployment(namespace, namespace_from_pod=request.param == "kustomize")
     injected = render(manifest, tmp_path_factory.mktemp(request.param))

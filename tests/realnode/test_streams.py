@@ -29,7 +29,6 @@ from tests.harness import (
     versioned_kubectl_or_skip,
 )
 from tests.realnode.cluster import KUBECTL, Cluster
-from tests.realnode.conftest import namespace_manifests
 from tests.realnode.node import Node
 
 CLIENTS = [
@@ -75,7 +74,7 @@ def pods(node: Node) -> Iterator[str]:
     """A namespace with the pods the streams reach; its name."""
     cluster = Cluster(node)
     namespace = f"st-{secrets.token_hex(3)}"
-    cluster.apply(namespace_manifests(namespace))
+    cluster.create_namespace(namespace)
     web = (
         f"head -c {BLOB_BYTES} /dev/urandom > /tmp/blob && cd /tmp && "
         "exec python3 -m http.server 8080 --bind 127.0.0.1"
@@ -110,7 +109,7 @@ def binary_of(client: str | int) -> str:
 
 
 @pytest.mark.parametrize(("client", "env"), CLIENTS)
-async def test_exec_carries_stdin_a_large_output_and_the_exit_code(
+async def test_exec_carries_stdin_the_exit_code_and_the_kubelets_refusal(
     tmp_path: Path, node: Node, pods: str, client: str | int, env: dict[str, str]
 ) -> None:
     binary = binary_of(client)
@@ -123,21 +122,44 @@ async def test_exec_carries_stdin_a_large_output_and_the_exit_code(
         )  # fmt: skip
         assert (code, out.encode()) == (3, data), err[-500:]
         assert "command terminated with exit code 3" in err
-        # A large output, the same bytes as through the apiserver directly.
-        code, out, err = await kubectl(
-            proxy.kubeconfig, *run, "--", "seq", "1", "400000", binary=binary, env=env, timeout=60
-        )
-        assert code == 0, err[-500:]
-        expected = "".join(f"{i}\n" for i in range(1, 400001))
-        assert (
-            hashlib.sha256(out.encode()).hexdigest()
-            == hashlib.sha256(expected.encode()).hexdigest()
-        )
         # The kubelet's refusal (no such container) reaches kubectl through the proxy.
         code, _, err = await kubectl(
             proxy.kubeconfig, *run, "-c", "nope", "--", "true", binary=binary, env=env
         )
         assert code != 0 and "container nope is not valid for pod shell" in err, err
+
+
+LARGE_OUTPUT_CLIENTS = [
+    CLIENTS[0],
+    pytest.param(
+        *CLIENTS[1].values,
+        id=CLIENTS[1].id,
+        marks=pytest.mark.xfail(
+            strict=False,
+            reason="open: through watchproxy, kubectl 1.27's SPDY exec sometimes ends with the "
+            "tail of a 2.9 MB output missing and exit code 0 (2 of 12 sessions in one run of "
+            "three after the relay's graceful close, none of 60 direct); WebSocket no longer "
+            "does (docs/development.md, 'The real-node tier')",
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize(("client", "env"), LARGE_OUTPUT_CLIENTS)
+async def test_exec_carries_a_large_output_whole(
+    tmp_path: Path, node: Node, pods: str, client: str | int, env: dict[str, str]
+) -> None:
+    """400,000 lines (2.9 MB), three sessions: the bytes kubectl prints are the command's."""
+    binary = binary_of(client)
+    expected = "".join(f"{i}\n" for i in range(1, 400001))
+    async with watchproxy(tmp_path, node) as proxy:
+        for _ in range(3):
+            code, out, err = await kubectl(
+                proxy.kubeconfig, "exec", "-n", pods, "shell", "--", "seq", "1", "400000",
+                binary=binary, env=env, timeout=60,
+            )  # fmt: skip
+            assert code == 0, err[-500:]
+            assert len(out) == len(expected) and out == expected, (len(out), err[-300:])
 
 
 @pytest.mark.parametrize(("client", "env"), CLIENTS)
