@@ -629,7 +629,6 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         """Stop and remove everything; idempotent. Returns what could not be removed."""
         if self.closed:
             return []
-        self.closed = True
         problems: list[str] = []
         started = time.monotonic()
         self._stop("kubelet", "kube-controller-manager", "kube-scheduler")
@@ -677,6 +676,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         shutil.rmtree(self.run_dir / "containerd", ignore_errors=True)
         shutil.rmtree(self.run_dir / "kubelet", ignore_errors=True)
         self.timings["teardown: all removed"] = round(time.monotonic() - started, 1)
+        # Set last: a teardown cut short (a second signal) runs again, from atexit.
+        self.closed = True
         problems += leftovers(self.name, self.run_dir)
         return problems
 
@@ -712,9 +713,41 @@ def leftovers(name: str, run_dir: Path) -> list[str]:
     return found
 
 
+def _net_inode(path: str) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except OSError:
+        return None
+
+
+def kill_stray_daemons() -> list[int]:
+    """End the daemons of nodes whose teardown did not finish (found by their command lines,
+    which name a pytest ``realnode`` run directory, and by their network namespace, which is
+    no longer one of the live nodes'). Returns their PIDs."""
+    live = {_net_inode(f"/run/netns/{ns}") for ns in list_netns() if ns.startswith(NETNS_PREFIX)}
+    own = _net_inode("/proc/self/ns/net")
+    found = []
+    for pid in processes_mentioning("/realnode"):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"pytest-of-" not in cmdline or b"tests.realnode.forward" in cmdline:
+            continue
+        inode = _net_inode(f"/proc/{pid}/ns/net")
+        if inode is None or inode in live or inode == own:
+            continue
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        found.append(pid)
+    return found
+
+
 def cleanup_orphans() -> None:
-    """Remove the namespaces and cgroups of nodes whose test process died without its
-    teardown (SIGKILL, a power cut), so that a new run starts from a clean machine."""
+    """Remove the namespaces, cgroups and daemons of nodes whose test process died without its
+    teardown (SIGKILL, a power cut, a teardown cut short), so that a new run starts from a
+    clean machine."""
+    kill_stray_daemons()
     for ns in list_netns():
         if ns.startswith(NETNS_PREFIX) and ns[len(NETNS_PREFIX) :].isdigit():
             pid = int(ns[len(NETNS_PREFIX) :])
@@ -740,6 +773,7 @@ _live: list[Node] = []
 def _close_live() -> None:
     while _live:
         _live.pop().close()
+    kill_stray_daemons()
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
@@ -761,6 +795,6 @@ def running_node(run_dir: Path, images: list[Path]) -> Iterator[Node]:
         node.start(images)
         yield node
     finally:
+        node.close()
         if node in _live:
             _live.remove(node)
-        node.close()

@@ -14,6 +14,7 @@ from tests.realnode.node import (
     NODE_NAME,
     POD_SUBNET,
     Node,
+    kill_stray_daemons,
     leftovers,
     list_netns,
     pid_alive,
@@ -99,3 +100,5 @@ def test_teardown_leaves_nothing_on_the_machine(
     assert not any(pid_alive(p) for p in pids)
     assert host_links() == node_baseline
     assert not os.path.exists(node.run_dir / "containerd")
+    # No daemon of any earlier node either (a teardown cut short leaves them behind).
+    assert kill_stray_daemons() == []
