@@ -34,6 +34,31 @@ if ! bash tests/realapi/build.sh; then
     echo "warning: tests/realapi/build.sh failed: the realapi tier will be skipped" >&2
 fi
 took "the real apiserver (kubetestenv)"
+# The real-node tier (tests/realnode): a single-node Kubernetes 1.37 inside a network namespace
+# of its own, where watchproxy runs in pods as users deploy it. As root, Debian's containerd,
+# runc and CNI plugins (and buildah, podman and mmdebstrap for the images) are installed when
+# missing; tests/realnode/build.sh builds the kubelet and controllers (kubenode, in
+# kubetestenv's module: about 4 minutes cold after kube-apiserver's build) and the images (about
+# 4 minutes cold, cached by content). In CI (CI=true) a failure here fails the run; elsewhere
+# the tier is skipped and says why.
+realnode_packages="containerd runc containernetworking-plugins buildah podman mmdebstrap"
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
+    && ! { command -v containerd && command -v runc && [ -x /usr/lib/cni/bridge ] \
+        && command -v buildah && command -v podman && command -v mmdebstrap; } >/dev/null 2>&1; then
+    echo "installing Debian's $realnode_packages (the real-node tier runs on them)" >&2
+    # shellcheck disable=SC2086
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install --yes -qq \
+        --no-install-recommends $realnode_packages; } >&2 \
+        || echo "warning: could not install $realnode_packages" >&2
+fi
+if ! bash tests/realnode/build.sh; then
+    if [ "${CI:-}" = "true" ]; then
+        echo "tests/realnode/build.sh failed and CI=true: the real-node tier cannot run" >&2
+        exit 1
+    fi
+    echo "warning: tests/realnode/build.sh failed: the real-node tier will be skipped" >&2
+fi
+took "the real node (kubenode, containerd, images)"
 # The kube-rs and client-node test programs (tests/clients/{rust,node}): cargo build and npm ci,
 # skipped when up to date (cargo's target dir in ~/.cache/watchproxy, node_modules in tests/clients/node).
 # Built here, not inside a test: a cold cargo build takes minutes. With CI=true a missing
@@ -70,12 +95,17 @@ took "the conformance specs"
 # watchproxy against the same client direct, to 100 ms at p99: beside the suite's other workers
 # the machine's two cores are what it measures (watchproxy's loop waited seconds for a CPU), so
 # on a full run it runs alone, after the suite. Arguments that select tests select it as usual.
+# The real-node tier runs after it, alone and in one process (-n 0): it starts one node for
+# the whole tier, and a second worker would start a second one. To run it by itself:
+# `scripts/test.sh tests/realnode -n 0`.
 parity=tests/realapi/test_delivery_parity.py
 if [ "$#" -eq 0 ]; then
-    .venv/bin/pytest -n "${WATCHPROXY_TEST_WORKERS:-3}" --ignore="$parity"
+    .venv/bin/pytest -n "${WATCHPROXY_TEST_WORKERS:-3}" --ignore="$parity" --ignore=tests/realnode
     took "the suite"
     .venv/bin/pytest -n 0 -p no:cacheprovider "$parity"
     took "the delivery-time parity test"
+    .venv/bin/pytest -n 0 -p no:cacheprovider tests/realnode
+    took "the real-node tier"
 else
     .venv/bin/pytest -n "${WATCHPROXY_TEST_WORKERS:-3}" "$@"
     took "the suite"

@@ -19,7 +19,7 @@ import uvloop
 
 from kubefake import FakeApiServer
 
-TIERS = ("unit", "component", "e2e", "fakeapi", "deploy", "realapi")
+TIERS = ("unit", "component", "e2e", "fakeapi", "deploy", "realapi", "realnode")
 # A failed comparison of longer sequences is explained in this many items a side: with CI=true
 # pytest truncates no explanation, and its diff of two lists prints every item (a client's
 # 200,000 lines were a 200,000-line failure).

@@ -128,6 +128,35 @@ async def test_spdy_exec_bytes_cross_the_relay_unchanged(tmp_path: Any) -> None:
             client.close()
 
 
+async def test_a_client_half_close_still_gets_every_byte_the_upstream_sends_after_it(
+    tmp_path: Any,
+) -> None:
+    """A client that shuts down its sending side (TCP FIN) keeps reading: what the apiserver
+    sends after that reaches it. Found on a real kubelet (tests/realnode/test_streams.py): the
+    relay took the client's FIN for the end of the session and cut the tail of a large exec
+    output (kubectl 1.27 exited 0 with it missing; 1.37 got a WebSocket 1006)."""
+    async with shell(tmp_path) as f:
+        client = await ExecClient.open(f.running.proxy.api_port)
+        try:
+            payload = os.urandom(1024 * 1024)
+            for start in range(0, len(payload), 16384):
+                client.writer.write(encode_data(STDIN, payload[start : start + 16384]))
+            client.writer.write(encode_data(STDIN, b"", fin=True))
+            client.writer.write_eof()
+            got = bytearray()
+            async with asyncio.timeout(20):
+                while len(got) < len(payload):
+                    (frame,) = await client.read_frames(1)
+                    if isinstance(frame, DataFrame) and frame.stream_id == STDOUT:
+                        got += frame.data
+            assert bytes(got) == payload
+            frames = await client.read_frames(2)  # the Status on the error stream, its FIN
+            status = b"".join(fr.data for fr in frames if isinstance(fr, DataFrame))
+            assert json.loads(status)["status"] == "Success"
+        finally:
+            client.close()
+
+
 async def test_an_upstream_reset_ends_the_client_stream_and_the_proxy_stays_up(
     tmp_path: Any,
 ) -> None:

@@ -38,6 +38,15 @@ class StatusRequestHandler(RequestHandler):
     ) -> web.StreamResponse:
         return _status_error(self.metrics, request, status, exc, message)
 
+    def eof_received(self) -> bool | None:  # type: ignore[override]  # asyncio's contract
+        """A client's FIN. On a connection the upgrade relay took over, its stand-in payload
+        parser decides (server/upgrade.py: the transport stays open for what the apiserver
+        still sends); otherwise aiohttp's answer (None: the transport closes)."""
+        hook = getattr(getattr(self, "_payload_parser", None), "eof_received", None)
+        if hook is not None:
+            return bool(hook())
+        return super().eof_received()
+
 
 def status_server_factory(server: web.Server, metrics: Metrics) -> Callable[[], asyncio.Protocol]:
     """Protocol factory for ``server`` that builds :class:`StatusRequestHandler`s."""

@@ -201,7 +201,26 @@ func apiserverArgs(s settings, c credentials, etcdURL string) []string {
 		"--profiling=false",
 		"--v=" + strconv.Itoa(s.verbosity),
 	}
-	return append(args, s.extraArgs...)
+	// An extra flag replaces kubetestenv's own of the same name rather than following it:
+	// list flags (admission plugins) would otherwise add up, and enabling a plugin that is
+	// also disabled is an error.
+	replaced := map[string]bool{}
+	for _, extra := range s.extraArgs {
+		replaced[flagName(extra)] = true
+	}
+	kept := args[:0]
+	for _, arg := range args {
+		if !replaced[flagName(arg)] {
+			kept = append(kept, arg)
+		}
+	}
+	return append(kept, s.extraArgs...)
+}
+
+// flagName is "--name" of "--name=value".
+func flagName(arg string) string {
+	name, _, _ := strings.Cut(arg, "=")
+	return name
 }
 
 // waitReady polls /readyz with the admin token until it answers 200 "ok", the apiserver
