@@ -2,7 +2,7 @@
 
 Everything else about the package is in ``pyproject.toml``. Why these modules: a busy
 controller's requests spend most of the proxy's CPU in the Python of the fast lane, the pooled
-upstream connection and the limiter (``bench/README.md``, "Compiled"), and compiled they cost
+upstream client and the limiter (``bench/README.md``, "Compiled"), and compiled they cost
 about a fifth less CPU per request. Each must stay compilable: ``scripts/compiled-tree.sh``
 builds them, and the suite's compiled tier runs against the result.
 """
@@ -38,14 +38,8 @@ COMPILED_MODULES = [
     "watchproxy/server/passthrough.py",
     "watchproxy/server/requesthead.py",
     "watchproxy/server/routes.py",
-    "watchproxy/upstream/client.py",
     "watchproxy/upstream/connectivity.py",
-    "watchproxy/upstream/http1.py",
-    "watchproxy/upstream/keepalive.py",
-    "watchproxy/upstream/pool.py",
-    "watchproxy/upstream/response.py",
     "watchproxy/upstream/target.py",
-    "watchproxy/upstream/transports.py",
 ]
 
 ext_modules = []
