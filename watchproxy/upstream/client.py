@@ -178,9 +178,9 @@ class Upstream:
         """Send one request and return its answer with the body unread (the caller ends it).
 
         The response headers must come within ``deadline`` (default: the request timeout; for
-        ``streaming`` requests, none). After that no total deadline applies — a long list keeps
-        flowing — only a limit on silence between two reads: ``read_timeout`` for streams (None:
-        none), the request timeout otherwise.
+        ``streaming`` requests, ``read_timeout``). After that no total deadline applies — a long
+        list keeps flowing — only a limit on silence between two reads: ``read_timeout`` for
+        streams (None: none), the request timeout otherwise.
         ``forwarded_auth`` replaces the proxy's own credential (``security.identity: forward``).
         ``headers`` as a HeaderBlock (no Authorization among them) are encoded once for all the
         requests that send them.
@@ -190,10 +190,12 @@ class Upstream:
             # Fail fast while the prober waits out the backoff: piling up requests on a dead
             # apiserver helps nobody, and the attempt count must follow one schedule.
             raise self._unavailable()
-        if deadline is None and not streaming:
-            deadline = self.config.request_timeout_seconds
         if not streaming:
             read_timeout = self.config.request_timeout_seconds
+        if deadline is None:
+            # A stream's head may take as long as any silence in its body: a hung apiserver
+            # that never answers a watch is found as one that stops sending mid-stream is.
+            deadline = self.config.request_timeout_seconds if not streaming else read_timeout
         for attempt in range(2):
             if forwarded_auth is None and self.target.exec_source is not None:
                 await self.target.refresh()  # an exec plugin's credential, when it is due
