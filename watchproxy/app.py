@@ -198,7 +198,7 @@ class Proxy:
 
     def _watch_loop_errors(self) -> None:
         """Count and log at ERROR what the loop reports about descriptors closed twice (see
-        upstream/connector.py); everything else goes on to the handler that was there."""
+        upstream/pool.py); everything else goes on to the handler that was there."""
         loop = asyncio.get_running_loop()
         previous = loop.get_exception_handler()
 

@@ -288,6 +288,8 @@ class Connection(asyncio.BufferedProtocol):
         self._parser = httptools.HttpResponseParser(self)
         self._head_request = head_request
         self._head = None
+        self._head_bytes = b""
+        self._behind_switch = None
         self._fields = []
         self._reason = b""
         self._ended = False
