@@ -38,8 +38,11 @@ MAX_HEAD_BYTES = 65536
 # dead apiserver; keepalive probes find a peer that vanished (half-open) within about a minute.
 KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_COUNT = 30, 10, 3
 
-# The hop-by-hop names (Content-Length among them) as llhttp hands names over: lower-case bytes.
+# The hop-by-hop names (Content-Length among them) as llhttp hands names over: lower-case bytes,
+# and their lengths: a field whose name has another length is not looked at (most of an
+# apiserver's are not).
 _HOP_BY_HOP = frozenset(name.encode("latin-1") for name in HOP_BY_HOP)
+_HOP_BY_HOP_SIZES = frozenset(len(name) for name in _HOP_BY_HOP)
 
 
 class Broken(Exception):
@@ -239,6 +242,8 @@ class Connection(asyncio.BufferedProtocol):
         content_length: int | None = None
         hop_by_hop = framed = False
         for name, value in self._fields:
+            if len(name) not in _HOP_BY_HOP_SIZES:
+                continue
             lower = name.lower()
             if lower in _HOP_BY_HOP:
                 if lower == b"content-length":
@@ -285,7 +290,9 @@ class Connection(asyncio.BufferedProtocol):
 
     def send(self, data: bytes, *, head_request: bool) -> None:
         assert self.transport is not None and self._error is None
-        self._parser = httptools.HttpResponseParser(self)
+        if self._parser is None:
+            # One per connection: llhttp is ready for the next answer once one has ended.
+            self._parser = httptools.HttpResponseParser(self)
         self._head_request = head_request
         self._head = None
         self._head_bytes = b""

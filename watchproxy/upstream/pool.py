@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from watchproxy.upstream.connection import Broken, Connection
+from watchproxy.upstream.connection import Broken, Connection, ResponseHead
 from watchproxy.upstream.response import UpstreamResponse
 
 log = logging.getLogger("watchproxy.upstream")
@@ -159,20 +159,12 @@ class ConnectionPool:
             connection = None if fresh else self._take_idle()
             if connection is None:
                 connection = await self._dial(ssl_context, connect_timeout)
-            connection.send(data, head_request=head_request)
-            connection.set_deadline(expires)
             try:
-                head = await connection.head()
+                head = await _exchange(connection, data, head_request, expires)
             except Broken as broken:
-                connection.abort()
                 if attempt == 0 and connection.reused and broken.before_answer and may_resend:
                     continue
                 raise
-            except BaseException:
-                connection.abort()  # cancelled or timed out mid-request: the state is unknown
-                raise
-            finally:
-                connection.set_deadline(None)
             return UpstreamResponse(connection, head, read_timeout, self._put)
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -251,3 +243,19 @@ class ConnectionPool:
             # Recorded before the next dial may start (still holding the lock).
             self._on_failure(failure)
             raise failure
+
+
+async def _exchange(
+    connection: Connection, data: bytes, head_request: bool, expires: float | None
+) -> ResponseHead:
+    """Send on ``connection`` and wait for the answer's head until loop time ``expires``; a
+    connection whose exchange failed in any way is aborted (its state is unknown)."""
+    connection.send(data, head_request=head_request)
+    connection.set_deadline(expires)
+    try:
+        return await connection.head()
+    except BaseException:
+        connection.abort()  # broken, cancelled or timed out mid-request
+        raise
+    finally:
+        connection.set_deadline(None)
