@@ -40,7 +40,7 @@ WORKDIR /src
 COPY pyproject.toml setup.py README.md LICENSE constraints.txt ./
 COPY buildsupport/ ./buildsupport/
 COPY watchproxy/ ./watchproxy/
-# constraints.txt: the runtime stack known to own its sockets (watchproxy/upstream/connector.py).
+# constraints.txt: the runtime stack known to own its sockets (watchproxy/upstream/pool.py).
 # PIP_CONSTRAINT, not -c: the build environment (where mypyc reads the dependencies' types)
 # gets the same versions as the venv that runs them.
 RUN WATCHPROXY_COMPILE=1 PIP_CONSTRAINT=constraints.txt \

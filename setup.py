@@ -38,14 +38,8 @@ COMPILED_MODULES = [
     "watchproxy/server/passthrough.py",
     "watchproxy/server/requesthead.py",
     "watchproxy/server/routes.py",
-    "watchproxy/upstream/client.py",
     "watchproxy/upstream/connectivity.py",
-    "watchproxy/upstream/http1.py",
-    "watchproxy/upstream/keepalive.py",
-    "watchproxy/upstream/pool.py",
-    "watchproxy/upstream/response.py",
     "watchproxy/upstream/target.py",
-    "watchproxy/upstream/transports.py",
 ]
 
 ext_modules = []

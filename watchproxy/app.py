@@ -36,8 +36,8 @@ from watchproxy.server.upgrade import UpgradeRelay
 from watchproxy.server.watchsink import HubEndpoint
 from watchproxy.upstream.client import Upstream
 from watchproxy.upstream.connectivity import Connectivity
-from watchproxy.upstream.connector import reports_reused_descriptor
 from watchproxy.upstream.credentials import UpstreamTarget, from_kubeconfig
+from watchproxy.upstream.pool import reports_reused_descriptor
 from watchproxy.upstream.watchsource import UpstreamWatchSource
 
 # The embedding API: a Proxy, and the upstream target it is built with (bench/ and the demo
@@ -201,7 +201,7 @@ class Proxy:
 
     def _watch_loop_errors(self) -> None:
         """Count and log at ERROR what the loop reports about descriptors closed twice (see
-        upstream/connector.py); everything else goes on to the handler that was there."""
+        upstream/pool.py); everything else goes on to the handler that was there."""
         loop = asyncio.get_running_loop()
         previous = loop.get_exception_handler()
 

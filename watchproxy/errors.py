@@ -2,10 +2,11 @@
 
 Every failure the proxy distinguishes for a client is a :class:`ProxyError` subclass raised where
 it is detected and turned into a Status once, by the server's handlers (``status_response``);
-aiohttp's client errors are mapped to these once, at the upstream boundary
-(``watchproxy.upstream.client``). A 410 for a too-old resourceVersion is not an exception: it is
-an in-stream ERROR event, the apiserver's own (the hub passes such watches through) or, for a
-resourceVersion a relist made ambiguous, one the hub writes (``hub.watchcache``).
+the upstream client's failures (a dial, a broken or silent answer) are mapped to these once,
+at the upstream boundary (``watchproxy.upstream.client``, ``watchproxy.upstream.response``).
+A 410 for a too-old resourceVersion is not an exception: it is an in-stream ERROR event, the
+apiserver's own (the hub passes such watches through) or, for a resourceVersion a relist made
+ambiguous, one the hub writes (``hub.watchcache``).
 """
 
 from __future__ import annotations

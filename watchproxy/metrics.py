@@ -185,7 +185,7 @@ class Metrics:
             Counter,
             "watchproxy_loop_reused_descriptors",
             "Times the event loop reported a file descriptor still claimed by a dead transport "
-            "(a socket closed twice). Anything but 0 is a bug: see upstream/connector.py.",
+            "(a socket closed twice). Anything but 0 is a bug: see upstream/pool.py.",
         )
         self.watch_upstream_opens = add(
             Counter,

@@ -124,3 +124,27 @@ async def test_fault_proxy_stop_closes_everything() -> None:
         await wait_for(lambda: fp.counts.accepted == 1, what="accept")
     writer.close()
     await writer.wait_closed()
+
+
+async def test_a_stream_whose_head_never_comes_ends_after_its_idle_timeout(
+    tmp_path: Any,
+) -> None:
+    """A watch or ``logs -f`` sent to an apiserver that accepts it and never answers is given
+    up with a 504 after the stream's idle timeout (as one that stops sending mid-body is), not
+    held open forever on a connection nobody will ever answer."""
+    overrides = {
+        "upstream.stream_idle_timeout_seconds": 1.0,
+        "upstream.request_timeout_seconds": 30,
+    }
+    async with faulty_upstream(tmp_path, overrides) as f, aiohttp.ClientSession() as session:
+        f.fake.store.create("pods", "default", pod("quiet"))
+        async with session.get(f"{f.running.url}{PODS}/quiet") as got:
+            assert got.status == 200  # its connection waits in the pool for the next request
+        assert f.faults.freeze() >= 1  # ... and now swallows whatever is sent on it
+        sent_at = time.monotonic()
+        async with (
+            asyncio.timeout(10),
+            session.get(f"{f.running.url}{PODS}/quiet/log?follow=true") as response,
+        ):
+            assert response.status == 504, await response.text()
+        assert 0.5 <= time.monotonic() - sent_at < 5

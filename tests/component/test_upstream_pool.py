@@ -1,4 +1,4 @@
-"""One-shot requests ride pooled keep-alive connections (watchproxy/upstream/pool.py).
+"""Requests ride pooled keep-alive connections (watchproxy/upstream/pool.py).
 
 Pinned here: a busy client's requests reuse one upstream connection instead of dialing each
 time; an idle pooled connection the network killed costs the next request nothing; a request
@@ -19,7 +19,7 @@ import pytest
 
 from tests.faultproxy import faulty_upstream
 from tests.harness import wait_for
-from watchproxy.upstream.http1 import Broken
+from watchproxy.upstream.connection import Broken
 from watchproxy.upstream.pool import ConnectionPool
 
 CONFIGMAPS = "/api/v1/namespaces/default/configmaps"
@@ -151,24 +151,6 @@ async def test_a_body_over_the_limit_is_refused_and_nothing_is_created(
         assert f.running.proxy.connectivity.up
 
 
-class PlainDialer:
-    """Dials plain TCP on loopback (the pool's TLS is the loop's; the rules under test are not)."""
-
-    def __init__(self) -> None:
-        self.dials = 0
-
-    async def dial(
-        self,
-        factory: Any,
-        host: str,
-        port: int,
-        ssl_context: Any,
-        timeout: float,
-    ) -> None:
-        self.dials += 1
-        await asyncio.get_running_loop().create_connection(factory, host, port)
-
-
 @pytest.mark.parametrize(("method", "resent"), [("GET", True), ("DELETE", True), ("POST", False)])
 async def test_a_request_on_a_reused_connection_closed_under_it(method: str, resent: bool) -> None:
     """The server answers the first request of each connection and closes the connection on
@@ -187,8 +169,7 @@ async def test_a_request_on_a_reused_connection_closed_under_it(method: str, res
 
     server = await asyncio.start_server(serve, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    dialer = PlainDialer()
-    pool = ConnectionPool(dialer, "127.0.0.1", port)
+    pool = ConnectionPool("127.0.0.1", port)  # plain TCP: the rules under test are not TLS's
     request = f"{method} /x HTTP/1.1\r\nHost: h\r\n\r\n".encode()
     try:
         first = await pool.request(
@@ -202,11 +183,11 @@ async def test_a_request_on_a_reused_connection_closed_under_it(method: str, res
             )
             assert await again.read() == b"ok"
             again.release()
-            assert dialer.dials == 2
+            assert pool.dials == 2
         else:
             with pytest.raises(Broken):
                 await pool.request(request, ssl_context=None, connect_timeout=5, may_resend=False)
-            assert dialer.dials == 1
+            assert pool.dials == 1
     finally:
         await pool.close(2)
         server.close()
@@ -234,8 +215,7 @@ async def test_each_request_on_a_reused_connection_times_out_at_its_own_deadline
 
     server = await asyncio.start_server(serve, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    dialer = PlainDialer()
-    pool = ConnectionPool(dialer, "127.0.0.1", port)
+    pool = ConnectionPool("127.0.0.1", port)  # plain TCP: the rules under test are not TLS's
     request = b"GET /x HTTP/1.1\r\nHost: h\r\n\r\n"
     loop = asyncio.get_running_loop()
     try:
@@ -254,7 +234,7 @@ async def test_each_request_on_a_reused_connection_times_out_at_its_own_deadline
                 deadline=second_deadline,
             )
         waited = loop.time() - sent_at
-        assert second_came.is_set() and dialer.dials == 1  # it went on the reused connection
+        assert second_came.is_set() and pool.dials == 1  # it went on the reused connection
         assert second_deadline - 0.05 <= waited < second_deadline + 1.0, waited
     finally:
         await pool.close(2)

@@ -5,8 +5,8 @@ the moment between the TCP connect and the start of the TLS handshake left the P
 object that aiohappyeyeballs had connected still holding a descriptor that libuv had already
 closed. When that stale object was finalized later, it closed whatever socket the OS had given
 the same number in between: a live upstream connection lost its descriptor, and the next socket
-to get that number carried another connection's bytes. ``watchproxy.upstream.connector``
-explains the mechanism where it is prevented.
+to get that number carried another connection's bytes. ``watchproxy.upstream.pool`` explains
+the mechanism where it is prevented: its one dial path lets the loop own every socket.
 """
 
 from __future__ import annotations
@@ -25,13 +25,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import aiohttp
 import pytest
 
 from kubefake import FakeApiServer
 from tests.harness import running_proxy
 from watchproxy.metrics import Metrics
-from watchproxy.upstream.connector import SerialConnector
+from watchproxy.upstream.pool import ConnectionPool, DialFailed
 
 DIALS = 60
 
@@ -87,7 +86,7 @@ def unclosed_sockets(caught: list[warnings.WarningMessage]) -> list[str]:
 
 
 async def test_uvloop_handoff_of_a_connected_socket_is_unsafe_on_failed_tls() -> None:
-    """Why the connector never hands a socket to the loop: this uvloop version closes the
+    """Why the pool never hands a socket to the loop: this uvloop version closes the
     descriptor in libuv and leaves the Python socket holding its number (documents the
     mechanism; skips once uvloop no longer does it)."""
     loop = asyncio.get_running_loop()
@@ -125,35 +124,40 @@ async def test_failed_tls_dials_close_each_socket_once_and_spare_live_ones(
 ) -> None:
     metrics = Metrics()
     failures: list[str] = []  # descriptions only: an exception would keep its frames alive
-    connector = SerialConnector(
-        is_down=lambda: False,
-        on_failure=lambda error: failures.append(type(error).__name__),
-        on_dial=metrics.upstream_connection_attempts.inc,
-        ssl=ssl.create_default_context(),
-        limit=0,
-    )
     stop = asyncio.Event()
     busy = asyncio.create_task(jank(stop))
     victims: list[asyncio.StreamWriter] = []
+    request = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
     try:
         with resetting_server(delay=0.001) as port, recorded_warnings() as caught:
-            async with aiohttp.ClientSession(connector=connector) as session:
-                for _ in range(DIALS):
-                    # A descriptor closed under a pending connect leaves it waiting forever.
-                    async with asyncio.timeout(10):
-                        with pytest.raises(aiohttp.ClientError):
-                            async with session.get(f"https://127.0.0.1:{port}/") as response:
-                                await response.read()
-                        # A live connection opened right after a failure gets the lowest free
-                        # descriptor: the failed dial's, if anything still claims it.
-                        _, writer = await asyncio.open_connection(fake_api.host, fake_api.port)
-                    victims.append(writer)
-                    gc.collect()  # finalize whatever the failed dial left behind, now
+            pool = ConnectionPool(
+                "127.0.0.1",
+                port,
+                on_failure=lambda error: failures.append(type(error).__name__),
+                on_dial=metrics.upstream_connection_attempts.inc,
+            )
+            for _ in range(DIALS):
+                # A descriptor closed under a pending connect leaves it waiting forever.
+                async with asyncio.timeout(10):
+                    with pytest.raises(DialFailed):
+                        await pool.request(
+                            request,
+                            ssl_context=ssl.create_default_context(),
+                            connect_timeout=5,
+                            may_resend=True,
+                        )
+                    # A live connection opened right after a failure gets the lowest free
+                    # descriptor: the failed dial's, if anything still claims it.
+                    _, writer = await asyncio.open_connection(fake_api.host, fake_api.port)
+                victims.append(writer)
+                gc.collect()  # finalize whatever the failed dial left behind, now
+            await pool.close(2)
             stop.set()
             await busy
             gc.collect()
             leaked = unclosed_sockets(caught)
         assert len(failures) == DIALS
+        assert metrics.upstream_connection_attempts._value.get() == DIALS
         assert leaked == [], leaked[:3]
         for writer in victims:
             peer: Any = writer.get_extra_info("socket").getpeername()

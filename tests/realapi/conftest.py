@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator, Iterator
 import aiohttp
 import pytest
 
+from tests.clientconnector import SerialConnector
 from tests.realapi.fixture import RealApiServer, start_or_skip
 from tests.realapi.kubeapi import Api
-from watchproxy.upstream.connector import SerialConnector
 
 
 @pytest.fixture(scope="session")

@@ -20,11 +20,11 @@ from typing import Any
 import aiohttp
 import pytest
 
+from tests.clientconnector import SerialConnector
 from tests.harness import proxy_for_upstream
 from tests.realapi.fixture import RealApiServer, version_tuple
 from tests.realapi.kubeapi import Api
 from watchproxy.upstream.bodies import GzipMembers
-from watchproxy.upstream.connector import SerialConnector
 
 pytestmark = pytest.mark.timeout(120, func_only=True)
 

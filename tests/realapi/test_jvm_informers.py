@@ -50,6 +50,7 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
+from tests.clientconnector import SerialConnector
 from tests.clients.build_java import JavaPrograms, ToolchainMissing, build_java_clients, on_ci
 from tests.clients.expect import Change, ChangeLog, per_object_problems
 from tests.clients.process import LINE_CHARS, ClientProcess, Line, bounded
@@ -57,7 +58,6 @@ from tests.harness import RunningProxy, proxy_for_upstream, wait_for
 from tests.realapi.fixture import RealApiServer
 from tests.realapi.kubeapi import Api, TcpRelay
 from tests.realapi.test_real_clients import ApiRecord, hub_cursors
-from watchproxy.upstream.connector import SerialConnector
 
 # The scenario runs in the module fixture (its own bound: SCENARIO_TIMEOUT); the tests only
 # judge its outcome.

@@ -17,10 +17,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from tests.clientconnector import SerialConnector
 from tests.harness import proxy_for_upstream, wait_for
 from tests.realapi.fixture import RealApiServer
 from tests.realapi.kubeapi import Api
-from watchproxy.upstream.connector import SerialConnector
 
 pytestmark = pytest.mark.timeout(60, func_only=True)
 

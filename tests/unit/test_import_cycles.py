@@ -30,10 +30,6 @@ TEMPORARY_CYCLES: dict[frozenset[str], str] = {
             "watchproxy.server.listener",
         }
     ): "server rewrite, issue 42 item 1",
-    # pool <-> response: the upstream rewrite (issue 42 item 2, one upstream client).
-    frozenset(
-        {"watchproxy.upstream.pool", "watchproxy.upstream.response"}
-    ): "upstream rewrite, issue 42 item 2",
 }
 
 

@@ -36,8 +36,7 @@ from watchproxy.errors import BadRequest
 from watchproxy.kube.apipath import canonical_target
 from watchproxy.kube.headers import forwarded_credential, request_headers, response_headers
 from watchproxy.server.clientgone import started
-from watchproxy.upstream.client import Upstream
-from watchproxy.upstream.upgrade import UpgradeAnswer
+from watchproxy.upstream.client import Upstream, UpstreamResponse
 
 log = logging.getLogger("watchproxy.upgrade")
 
@@ -122,7 +121,7 @@ class _ClientBytes:
         return data
 
 
-def _switching_headers(answer: UpgradeAnswer) -> CIMultiDict[str]:
+def _switching_headers(answer: UpstreamResponse) -> CIMultiDict[str]:
     headers = response_headers(answer.headers, keep_length=False)
     for name in ("Date", "Server"):
         headers.popall(name, None)
@@ -222,14 +221,14 @@ class UpgradeRelay:
             if not answer.switched:
                 return web.Response(
                     status=answer.status,
-                    body=answer.body,
+                    body=await answer.read(),
                     headers=response_headers(answer.headers, keep_length=False),
                 )
             return await self._pipe(request, answer)
         finally:
             await answer.close()
 
-    async def _pipe(self, request: web.Request, answer: UpgradeAnswer) -> web.StreamResponse:
+    async def _pipe(self, request: web.Request, answer: UpstreamResponse) -> web.StreamResponse:
         transport = request.transport
         if transport is None:
             raise ConnectionResetError("the client went away before the upgrade")
@@ -238,14 +237,15 @@ class UpgradeRelay:
         # calls feed_data and feed_eof, which _ClientBytes provides.
         # The connection also asks it what a FIN means (server/statushandler.py).
         request.protocol.set_parser(cast(Any, client))
+        upstream_reader, upstream_writer = answer.take_stream()
         response = web.StreamResponse(status=101, headers=_switching_headers(answer))
         response.force_close()
         writer = await response.prepare(request)
         assert writer is not None
         started(request, response)
         sent = [0.0]
-        up = asyncio.create_task(_client_to_upstream(client, answer.writer))
-        down = asyncio.create_task(_upstream_to_client(answer.reader, writer, sent))
+        up = asyncio.create_task(_client_to_upstream(client, upstream_writer))
+        down = asyncio.create_task(_upstream_to_client(upstream_reader, writer, sent))
         pumps = [up, down]
         self._sessions.update(pumps)
         try:

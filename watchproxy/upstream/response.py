@@ -1,200 +1,129 @@
 """An answer from the apiserver, as every part of the proxy sees it.
 
 :meth:`Upstream.open <watchproxy.upstream.client.Upstream.open>` returns an
-:class:`UpstreamResponse` whichever way the request went (a pooled connection of
-``upstream.pool`` for one-shot requests, aiohttp's client for streams). Reading it raises only
-:mod:`watchproxy.errors` types: ``UpstreamUnavailable`` when the answer broke off,
-``UpstreamTimeout`` when it went silent for longer than its read timeout. aiohttp's errors are
-mapped here and nowhere else, ``from None``, so that no aiohttp exception (and through its
-traceback, no connection) outlives the read that failed.
+:class:`UpstreamResponse` for every kind of request: one-shot, streamed (a watch, ``logs -f``)
+or an upgrade (exec, attach, port-forward). Reading it raises only :mod:`watchproxy.errors`
+types: ``UpstreamUnavailable`` when the answer broke off, ``UpstreamTimeout`` when it went
+silent for longer than its read timeout.
 """
 
 from __future__ import annotations
 
-import abc
 import asyncio
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Protocol
+import ssl
+from collections.abc import AsyncGenerator, Callable
 
-import aiohttp
-from multidict import CIMultiDict, CIMultiDictProxy
+from multidict import CIMultiDict
 
 from watchproxy.errors import UpstreamTimeout, UpstreamUnavailable
-from watchproxy.upstream.http1 import Broken, ResponseHead
+from watchproxy.upstream.connection import Broken, Connection, ResponseHead
 
-if TYPE_CHECKING:
-    from watchproxy.upstream.keepalive import PooledConnection
-    from watchproxy.upstream.pool import ConnectionPool
+# How long a closed upgraded stream may take over its TLS shutdown before it is aborted.
+CLOSE_WAIT_SECONDS = 2.0
+# What an upgraded stream's reader buffers before the connection stops being read.
+STREAM_LIMIT = 1 << 16
 
 
-class UpstreamResponse(abc.ABC):
+class UpstreamResponse:
     """One answer. Its owner ends it exactly once: :meth:`release` after reading its body to
-    the end (the connection may serve again), :meth:`cut` to stop before that."""
+    the end (the connection may serve again), :meth:`cut` to stop before that, or, for an
+    upgrade, ``await`` :meth:`close`."""
 
-    status: int
-    reason: str
-    # The head's bytes as they came from the apiserver (HTTP/1.1 on a pooled connection), for
-    # a caller that may pass them on unchanged; empty where they are not kept.
-    raw_head: bytes = b""
-    # Whether ``raw_head`` may go to a client unchanged: no hop-by-hop field, one Content-Length.
-    passable: bool = False
-
-    @property
-    @abc.abstractmethod
-    def headers(self) -> CIMultiDict[str] | CIMultiDictProxy[str]: ...
-
-    @property
-    def content_length(self) -> int | None:
-        value = self.headers.get("Content-Length")
-        return int(value) if value is not None and value.isdigit() else None
-
-    def whole_body(self) -> bytes | None:
-        """The body, when all of it has already arrived (nothing to wait for); else None."""
-        return None
-
-    @abc.abstractmethod
-    async def read(self) -> bytes:
-        """The rest of the body."""
-
-    @abc.abstractmethod
-    def chunks(self) -> Chunks:
-        """The rest of the body, as it arrives."""
-
-    @abc.abstractmethod
-    def release(self) -> None: ...
-
-    @abc.abstractmethod
-    def cut(self) -> None: ...
-
-
-def _broken(error: BaseException | str) -> UpstreamUnavailable:
-    return UpstreamUnavailable(f"the upstream answer broke: {error}")
-
-
-def _silent(read_timeout: float | None) -> UpstreamTimeout:
-    return UpstreamTimeout(f"the upstream answer sent nothing for {read_timeout}s")
-
-
-class Chunks(Protocol):
-    """A body's parts as they arrive; ``aclose`` stops reading early (the answer's owner still
-    ends the answer). Iterator classes, not async generators: mypyc compiles this module."""
-
-    def __aiter__(self) -> Chunks: ...
-
-    async def __anext__(self) -> bytes: ...
-
-    async def aclose(self) -> None: ...
-
-
-class _PooledChunks:
-    __slots__ = ("_connection", "_read_timeout")
-
-    def __init__(self, connection: PooledConnection, read_timeout: float | None) -> None:
-        self._connection: PooledConnection | None = connection
-        self._read_timeout = read_timeout
-
-    def __aiter__(self) -> _PooledChunks:
-        return self
-
-    async def __anext__(self) -> bytes:
-        connection = self._connection
-        if connection is None:
-            raise StopAsyncIteration
-        # The failure is raised after the ``except``, so that nothing keeps the exception it
-        # replaces (and its traceback) alive.
-        failure: BaseException | None = None
-        try:
-            async with asyncio.timeout(self._read_timeout):
-                chunk = await connection.next_chunk()
-        except Broken as error:
-            failure = _broken(error)
-        except TimeoutError:
-            failure = _silent(self._read_timeout)
-        if failure is not None:
-            self._connection = None
-            raise failure
-        if chunk is None:
-            self._connection = None
-            raise StopAsyncIteration
-        return chunk
-
-    async def aclose(self) -> None:
-        self._connection = None
-
-
-class _StreamChunks:
-    __slots__ = ("_iterator",)
-
-    def __init__(self, iterator: AsyncIterator[bytes]) -> None:
-        self._iterator: AsyncIterator[bytes] | None = iterator
-
-    def __aiter__(self) -> _StreamChunks:
-        return self
-
-    async def __anext__(self) -> bytes:
-        iterator = self._iterator
-        if iterator is None:
-            raise StopAsyncIteration
-        # The failure becomes a message inside the ``except`` and is raised after it, so the
-        # aiohttp exception, its traceback and the connection it holds are released before
-        # anyone awaits anything.
-        failure: BaseException | None = None
-        try:
-            return await iterator.__anext__()
-        except StopAsyncIteration:
-            self._iterator = None
-            raise
-        except TimeoutError:
-            failure = UpstreamTimeout("the upstream stream stopped sending")
-        except (aiohttp.ClientError, OSError) as error:
-            failure = _broken(_describe_read(error))
-        self._iterator = None
-        raise failure
-
-    async def aclose(self) -> None:
-        self._iterator = None
-
-
-class PooledAnswer(UpstreamResponse):
-    """An answer on a pooled keep-alive connection (``upstream.pool``)."""
+    __slots__ = (
+        "_connection",
+        "_head",
+        "_put_back",
+        "_read_timeout",
+        "_stream",
+        "max_body",
+        "passable",
+        "raw_head",
+        "reason",
+        "status",
+    )
 
     def __init__(
         self,
-        pool: ConnectionPool,
-        connection: PooledConnection,
+        connection: Connection,
         head: ResponseHead,
         read_timeout: float | None,
+        put_back: Callable[[Connection], None],
     ) -> None:
-        self._pool = pool
-        self._connection: PooledConnection | None = connection
-        self._read_timeout = read_timeout
+        self._connection: Connection | None = connection
         self._head = head
+        self._read_timeout = read_timeout
+        self._put_back = put_back  # the pool's: takes a connection that may serve again
+        self._stream: asyncio.StreamWriter | None = None
         self.status = head.status
         self.reason = head.reason
+        # The head's bytes as they came from the apiserver, for a caller that may pass them on
+        # unchanged when ``passable``: HTTP/1.1, no hop-by-hop field, one Content-Length.
         self.raw_head = head.raw
         self.passable = head.passable
+        # :meth:`read` stops there and drops the rest (None: no bound).
+        self.max_body: int | None = None
 
     @property
     def headers(self) -> CIMultiDict[str]:
-        return self._head.headers  # parsed now, the first time (http1.ResponseHead)
+        return self._head.headers  # parsed now, the first time
 
     @property
     def content_length(self) -> int | None:
         return self._head.content_length
 
+    @property
+    def switched(self) -> bool:
+        """The apiserver switched protocols (101): :meth:`take_stream` has the bytes."""
+        return self.status == 101
+
     def whole_body(self) -> bytes | None:
+        """The body, when all of it has already arrived (nothing to wait for); else None."""
         connection = self._connection
         if connection is None or not connection.complete:
             return None
         return connection.take_all()
 
     async def read(self) -> bytes:
-        return b"".join([chunk async for chunk in self.chunks()])
+        """The rest of the body (at most ``max_body`` bytes of it)."""
+        parts: list[bytes] = []
+        size = 0
+        async for chunk in self.chunks():
+            parts.append(chunk)
+            size += len(chunk)
+            if self.max_body is not None and size >= self.max_body:
+                return b"".join(parts)[: self.max_body]
+        return b"".join(parts)
 
-    def chunks(self) -> Chunks:
+    async def chunks(self) -> AsyncGenerator[bytes, None]:
+        """The rest of the body, as it arrives."""
         connection = self._connection
         assert connection is not None, "read after release"
-        return _PooledChunks(connection, self._read_timeout)
+        read_timeout = self._read_timeout
+        while True:
+            # The failure is raised after the ``except``, so that nothing keeps the exception
+            # it replaces (and its traceback) alive.
+            failure: BaseException | None = None
+            try:
+                async with asyncio.timeout(read_timeout):
+                    chunk = await connection.next_chunk()
+            except Broken as error:
+                failure = UpstreamUnavailable(f"the upstream answer broke: {error}")
+            except TimeoutError:
+                failure = UpstreamTimeout(f"the upstream answer sent nothing for {read_timeout}s")
+            if failure is not None:
+                raise failure
+            if chunk is None:
+                return
+            yield chunk
+
+    def take_stream(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """After a 101: the upgraded connection as a byte stream, owned by the caller from here
+        (this answer's :meth:`close` still closes it)."""
+        connection, self._connection = self._connection, None
+        assert connection is not None and self.switched, "no upgraded connection to take"
+        reader, writer = connection.take_stream(STREAM_LIMIT)
+        self._stream = writer
+        return reader, writer
 
     def release(self) -> None:
         """A connection whose answer was read to its end goes back to the pool (bytes of the
@@ -204,49 +133,33 @@ class PooledAnswer(UpstreamResponse):
             return
         if connection.reusable:
             connection.take_all()
-            self._pool.put(connection)
+            self._put_back(connection)
         else:
             connection.close()
 
     def cut(self) -> None:
+        """Close before the end. Closing a TLS connection starts its shutdown (close_notify
+        both ways), which ends later, in ``connection_lost``: ``Upstream.close`` waits for it."""
         connection, self._connection = self._connection, None
         if connection is not None:
             connection.close()
+        if self._stream is not None:
+            self._stream.close()
 
-
-class StreamAnswer(UpstreamResponse):
-    """A streamed answer (a watch, ``logs -f``) on aiohttp's client."""
-
-    def __init__(self, response: aiohttp.ClientResponse) -> None:
-        self._response = response
-        self.status = response.status
-        self.reason = response.reason or ""
-
-    @property
-    def headers(self) -> CIMultiDictProxy[str]:
-        return self._response.headers
-
-    async def read(self) -> bytes:
-        failure: BaseException | None = None
+    async def close(self) -> None:
+        """Cut, and wait (a bounded time) for the connection's TLS shutdown: what an upgrade's
+        owner calls once its session ends."""
+        connection, stream = self._connection, self._stream
+        self.cut()
         try:
-            return await self._response.read()
-        except TimeoutError:  # aiohttp's read timeout (also a ClientError subclass)
-            failure = UpstreamTimeout("the upstream answer went silent")
-        except (aiohttp.ClientError, OSError) as error:
-            failure = _broken(_describe_read(error))
-        raise failure
-
-    def chunks(self) -> Chunks:
-        return _StreamChunks(self._response.content.iter_any())
-
-    def release(self) -> None:
-        self._response.release()
-
-    def cut(self) -> None:
-        """Close before the end. Closing a TLS connection starts its shutdown (close_notify
-        both ways), which ends later, in ``connection_lost``: ``Upstream.close`` waits for it."""
-        self._response.close()
-
-
-def _describe_read(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}"
+            async with asyncio.timeout(CLOSE_WAIT_SECONDS):
+                if stream is not None:
+                    await stream.wait_closed()
+                elif connection is not None:
+                    await connection.closed
+        except (TimeoutError, OSError, ssl.SSLError):
+            # The peer never finished the TLS shutdown: nothing more can arrive; drop it.
+            if stream is not None:
+                stream.transport.abort()
+            elif connection is not None:
+                connection.abort()

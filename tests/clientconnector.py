@@ -1,49 +1,19 @@
-"""Upstream connections: one owner per socket, one dial at a time, none while the upstream is down.
+"""The tests' own aiohttp client connector: the real-apiserver tier's clients talk to TLS
+kube-apiserver through it.
 
-**Who owns the socket.** aiohttp's stock connector connects a Python socket with
-aiohappyeyeballs and hands it to the loop with ``loop.create_connection(sock=...)``. Under
-uvloop that hand-off gives one descriptor two owners, libuv's TCP handle and the Python socket
-object, and uvloop reconciles them only on the paths it expects. One it does not (uvloop 0.23,
-``Loop.create_connection``, TLS, ``sock=``):
-
-1. uvloop opens a TCP transport on descriptor N and schedules ``connection_made``;
-2. the peer has already reset the connection (an apiserver that accepts TCP and resets it, as
-   in an outage): the TLS protocol's ``connection_made`` writes its ClientHello, the write fails
-   at once, and the transport schedules ``connection_lost`` — *before* ``create_connection``
-   resumes from ``await waiter``, whose wake-up was queued after it;
-3. ``connection_lost`` closes the transport: libuv closes N. The transport's attached file
-   object would be detached here, but none is attached yet;
-4. ``create_connection`` resumes and attaches the Python socket to the already closed transport
-   (nothing will ever detach it), then fails on the TLS waiter. The Python socket still says
-   ``fileno() == N``;
-5. later — whenever the exception chain that references it is dropped, or a collection runs —
-   the socket object is finalized and closes N *again*. By then the OS has handed N to another
-   connection (a pooled keep-alive connection, the probe's, a shared watch's): that live
-   transport loses its descriptor, uvloop still has it registered for N, the next socket to get
-   N is refused by ``add_writer`` ("File descriptor N is used by transport"), and a connection
-   that does get N carries another connection's bytes (TLS "wrong version number", a watch that
-   the apiserver sees end at once while the proxy waits on its read).
-
-uvloop 0.23 fixed the neighbouring case (an exception *during* ``await waiter``: MagicStack/uvloop
-#645, #738, PR #740) but not this one. Forcing a garbage collection does not help: collecting is
-exactly what finalizes stale socket objects and closes reused descriptors.
-
-The fix is to have no hand-off: :class:`SerialConnector` lets the loop create, connect and own
-each socket itself (``loop.create_connection(host=..., port=...)``), so libuv is the only owner
-and closes each descriptor exactly once. Happy-eyeballs racing is not needed for one apiserver;
-addresses are tried in order, one family at a time, as aiohttp itself falls back.
-
-**One dial at a time.** With keep-alive, requests normally reuse pooled connections. When the
-apiserver goes away every pooled connection dies at once and each waiting request would dial
-anew: N clients, N connection attempts. Dialing one connection at a time means the first
-failure is known before the next dial, so the count of attempts follows the prober's single
-backoff schedule. Only the connectivity probe may dial while the upstream is known to be down.
+It was the product's upstream connector until watchproxy's upstream client became its own (one
+pool over httptools, ``watchproxy/upstream/pool.py``); the tests keep it for two things a stock
+``TCPConnector`` does not give them: the loop owns every socket it opens (no ``sock=``
+hand-off, which uvloop 0.23 mishandles on a failed TLS dial: see ``watchproxy/upstream/pool.py``),
+and :meth:`SerialConnector.wait_closed` lets a fixture wait for the TLS shutdowns the Go
+apiserver answers late, so that no transport outlives a test's loop (a ResourceWarning there is
+an error). It overrides aiohttp's private ``_create_connection`` and
+``_wrap_create_connection``: test code only, pinned with aiohttp (constraints.txt).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
 import socket
 import ssl
@@ -53,10 +23,7 @@ from typing import Any
 
 import aiohttp
 
-log = logging.getLogger("watchproxy.connector")
-
-# Set by the connectivity probe: its dial is the one allowed while the upstream is down.
-PROBING: contextvars.ContextVar[bool] = contextvars.ContextVar("watchproxy_probing", default=False)
+log = logging.getLogger("tests.clientconnector")
 
 # What uvloop says when asked to watch a descriptor that a live transport still claims: the
 # signature of a descriptor closed behind the loop's back and reused (see above).
@@ -119,41 +86,9 @@ class SerialConnector(aiohttp.TCPConnector):
             if closed is not None and closed.done() and not closed.cancelled():
                 closed.exception()  # retrieved: a connection lost with an error is expected
 
-    async def dial(
-        self,
-        factory: Callable[[], asyncio.BaseProtocol],
-        host: str,
-        port: int,
-        ssl_context: ssl.SSLContext | None,
-        timeout: float,
-    ) -> None:
-        """Open one connection for ``upstream.pool``, under the same rules as this connector's
-        own: one dial at a time, none while the upstream is down (but the probe's), each dial
-        counted and its failure reported before the next may start. The loop creates the
-        socket itself (no hand-off). Raises DialFailed (or UpstreamDown)."""
-        async with self._dialing:
-            if self._is_down() and not PROBING.get():
-                raise UpstreamDown("the apiserver is unreachable")
-            self._on_dial()
-            loop = asyncio.get_running_loop()
-            try:
-                async with asyncio.timeout(timeout):
-                    await loop.create_connection(factory, host, port, ssl=ssl_context)
-            except RuntimeError as error:
-                if REUSED_DESCRIPTOR in str(error):
-                    self._on_reused_descriptor()
-                    log.error("the event loop reports a reused file descriptor: %s", error)
-                failure = DialFailed(OSError(str(error)), host, port)
-            except (OSError, TimeoutError) as error:  # ssl.SSLError is an OSError
-                failure = DialFailed(error, host, port)
-            else:
-                return
-            self._on_failure(failure)
-            raise failure
-
     async def _create_connection(self, req: Any, traces: Any, timeout: Any) -> Any:
         async with self._dialing:
-            if self._is_down() and not PROBING.get():
+            if self._is_down():
                 raise UpstreamDown("the apiserver is unreachable")
             self._on_dial()
             try:
@@ -227,41 +162,3 @@ class SerialConnector(aiohttp.TCPConnector):
                 error,
             )
         return aiohttp.ClientConnectorError(req.connection_key, OSError(str(error)))
-
-
-class DialFailed(Exception):
-    """No connection to the apiserver (refused, unreachable, timed out, TLS handshake failed);
-    ``str()`` is the cause as an operator should read it."""
-
-    def __init__(self, cause: BaseException, host: str, port: int | None) -> None:
-        super().__init__(dial_cause(cause, host, port))
-        self.cause = cause
-
-
-def dial_cause(
-    cause: BaseException, host: str, port: int | None, *, resolving: bool = False
-) -> str:
-    """Why a dial to ``host:port`` failed, in the words logs, the prober and Status messages
-    use, whichever client dialled (the pool, aiohttp's connector, an upgrade): an operator
-    reads one wording per cause. ``resolving``: it failed looking ``host`` up (aiohttp
-    reports that with a plain OSError). Credential-free."""
-    if isinstance(cause, ssl.SSLCertVerificationError):
-        return f"TLS certificate verification failed: {cause.verify_message or cause}"
-    if isinstance(cause, ssl.SSLError):
-        return f"TLS error: {cause}"
-    if resolving or isinstance(cause, socket.gaierror):
-        return f"DNS lookup failed for {host}"
-    if isinstance(cause, TimeoutError):
-        return f"cannot connect to {host}:{port}: timed out"
-    if isinstance(cause, OSError):
-        return f"cannot connect to {host}:{port}: {cause.strerror or cause}"
-    return f"{type(cause).__name__}: {cause}"
-
-
-def reports_reused_descriptor(context: dict[str, Any]) -> bool:
-    """Whether an event-loop exception context reports a descriptor closed twice: a transport
-    that still claims a reused descriptor, or one whose attached socket was already closed."""
-    error = context.get("exception")
-    if isinstance(error, RuntimeError) and REUSED_DESCRIPTOR in str(error):
-        return True
-    return "could not close attached file object" in str(context.get("message", ""))
