@@ -42,12 +42,12 @@ async def test_forward_mode_keeps_each_clients_credential_when_header_blocks_rep
         )
         pod = PODS + "/p"  # a GET of one object: a plain pass-through (a LIST may be batched)
         tokens = [f"Bearer {running.fake.token}", "Bearer someone-else", None] * 3
-        served_before = running.proxy.fast_lane.served
+        served_before = running.proxy.api.served
         for token in tokens:
             headers = {"Authorization": token} if token else {}
             async with session.get(running.url + pod, headers=headers) as response:
                 assert response.status == (200 if token == tokens[0] else 401)
-        assert running.proxy.fast_lane.served - served_before == len(tokens)
+        assert running.proxy.api.served - served_before == len(tokens)
         sent = [
             r.headers.get("Authorization") for r in running.fake.stats.requests if r.path == pod
         ]

@@ -8,28 +8,24 @@ refusal (401, 403, 404, 400) reaches the client with the apiserver's own status 
 body. On 101 it answers the client with the apiserver's 101 headers and copies bytes both ways
 until either side closes, then closes both.
 
-Taking the client's connection over: aiohttp's server marks a connection upgraded only for
-``Upgrade: websocket``/``tcp``; for anything else it would parse the bytes after the request as
-the next HTTP request. Replacing the connection's payload parser (what ``WebSocketResponse``
-does) routes every byte that arrives afterwards to us, whatever the protocol. It is replaced
-before the 101 is written, so no byte of the new protocol can reach the HTTP parser: a client
-speaks only after it reads the 101.
+Taking the client's connection over: a request that asks to switch protocols is the last one
+the connection parses (``server.protocol``); ``Response.take_over`` routes every byte after it
+to the relay, whatever the protocol. It is taken before the 101 is written, so no byte of the
+new protocol can reach the HTTP parser.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, cast
 
-from aiohttp import web
-from aiohttp.abc import AbstractStreamWriter
 from multidict import CIMultiDict
 
 from watchproxy.errors import BadRequest
 from watchproxy.kube.apipath import canonical_target
 from watchproxy.kube.headers import forwarded_credential, request_headers, response_headers
-from watchproxy.server.clientgone import started
+from watchproxy.server.http import Request
+from watchproxy.server.protocol import Response
 from watchproxy.upstream.client import Upstream
 from watchproxy.upstream.upgrade import UpgradeAnswer
 
@@ -41,31 +37,27 @@ CLIENT_BUFFER = 1 << 16
 
 
 class _ClientBytes:
-    """Stands in for the connection's payload parser: every byte the client sends after the
-    request head is buffered here for the pump, and the socket stops being read while more
-    than CLIENT_BUFFER bytes wait (backpressure).
+    """The connection's tunnel after the switch: every byte the client sends after the request
+    head is buffered here for the pump, and the socket stops being read while more than
+    CLIENT_BUFFER bytes wait (backpressure)."""
 
-    The pause is the transport's own: aiohttp's StreamReader would pause through the
-    connection's protocol, which also pauses its HTTP parser unless aiohttp itself marked the
-    connection upgraded, and that parser asserts (it never does so for SPDY)."""
-
-    def __init__(self, transport: asyncio.Transport) -> None:
-        self._transport = transport
+    def __init__(self) -> None:
+        self._transport: asyncio.Transport | None = None
         self._chunks: list[bytes] = []
         self._size = 0
         self._eof = False
         self._paused = False
         self._arrived = asyncio.Event()
 
-    def feed_data(self, data: bytes) -> tuple[bool, bytes]:
+    def feed_data(self, data: bytes) -> None:
         if data:
             self._chunks.append(data)
             self._size += len(data)
             self._arrived.set()
-            if self._size > CLIENT_BUFFER and not self._paused:
+            transport = self._transport
+            if self._size > CLIENT_BUFFER and not self._paused and transport is not None:
                 self._paused = True
-                self._transport.pause_reading()
-        return False, b""
+                transport.pause_reading()
 
     def feed_eof(self) -> None:
         self._eof = True
@@ -79,9 +71,10 @@ class _ClientBytes:
         data = b"".join(self._chunks)
         self._chunks.clear()
         self._size = 0
-        if self._paused and not self._transport.is_closing():
+        transport = self._transport
+        if self._paused and transport is not None and not transport.is_closing():
             self._paused = False
-            self._transport.resume_reading()
+            transport.resume_reading()
         return data
 
 
@@ -100,12 +93,11 @@ async def _client_to_upstream(source: _ClientBytes, sink: asyncio.StreamWriter) 
         await sink.drain()
 
 
-async def _upstream_to_client(source: asyncio.StreamReader, sink: AbstractStreamWriter) -> None:
-    transport = cast(Any, sink).transport
+async def _upstream_to_client(source: asyncio.StreamReader, sink: Response) -> None:
     while chunk := await source.read(READ_CHUNK):
-        if transport is None or transport.is_closing():
+        if sink.client_gone():
             return
-        transport.write(chunk)
+        sink.write(chunk)
         await sink.drain()
 
 
@@ -126,8 +118,8 @@ class UpgradeRelay:
         for pump in list(self._sessions):
             pump.cancel()
 
-    async def relay(self, request: web.Request) -> web.StreamResponse:
-        if request.body_exists:
+    async def relay(self, request: Request, response: Response) -> None:
+        if request.has_body:
             raise BadRequest("an upgrade request carries no body")
         headers = request_headers(
             request.headers,
@@ -140,49 +132,46 @@ class UpgradeRelay:
             headers["Upgrade"] = upgrade
         answer = await self.upstream.open_upgrade(
             request.method,
-            canonical_target(request.raw_path),  # what the router judged, decoded
+            canonical_target(request.target),  # what the router judged, decoded
             headers=headers,
             forwarded_auth=forwarded_credential(request.headers, self.forward_identity),
         )
         try:
             if not answer.switched:
-                return web.Response(
-                    status=answer.status,
-                    body=answer.body,
-                    headers=response_headers(answer.headers, keep_length=False),
+                response.send(
+                    answer.status,
+                    "",
+                    response_headers(answer.headers, keep_length=False),
+                    answer.body,
                 )
-            return await self._pipe(request, answer)
+                return
+            await self._pipe(request, response, answer)
         finally:
             await answer.close()
 
-    async def _pipe(self, request: web.Request, answer: UpgradeAnswer) -> web.StreamResponse:
-        transport = request.transport
-        if transport is None:
-            raise ConnectionResetError("the client went away before the upgrade")
-        client = _ClientBytes(transport)
-        # The payload parser's declared type is aiohttp's WebSocketReader; the connection only
-        # calls feed_data and feed_eof, which _ClientBytes provides.
-        request.protocol.set_parser(cast(Any, client))
-        response = web.StreamResponse(status=101, headers=_switching_headers(answer))
-        response.force_close()
-        writer = await response.prepare(request)
-        assert writer is not None
-        started(request, response)
-        pumps = [
-            asyncio.create_task(_client_to_upstream(client, answer.writer)),
-            asyncio.create_task(_upstream_to_client(answer.reader, writer)),
-        ]
-        self._sessions.update(pumps)
+    async def _pipe(self, request: Request, response: Response, answer: UpgradeAnswer) -> None:
+        client = _ClientBytes()
+        # Before the 101: no byte of the new protocol can reach the HTTP parser.
+        transport = response.take_over(client)
+        client._transport = transport
         try:
-            await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+            response.start(101, "Switching Protocols", _switching_headers(answer))
+            pumps = [
+                asyncio.create_task(_client_to_upstream(client, answer.writer)),
+                asyncio.create_task(_upstream_to_client(answer.reader, response)),
+            ]
+            self._sessions.update(pumps)
+            try:
+                await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                self._sessions.difference_update(pumps)
+                for pump in pumps:
+                    pump.cancel()
+                outcomes = await asyncio.gather(*pumps, return_exceptions=True)
         finally:
-            self._sessions.difference_update(pumps)
-            for pump in pumps:
-                pump.cancel()
-            outcomes = await asyncio.gather(*pumps, return_exceptions=True)
+            transport.close()
         for outcome in outcomes:
             if isinstance(outcome, ConnectionError | OSError):
                 log.info("a relayed upgrade ended abruptly: %s (%s)", request.path, outcome)
             elif isinstance(outcome, Exception):
                 raise outcome
-        return response
