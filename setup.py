@@ -1,9 +1,10 @@
 """Compiles the per-request modules with mypyc when ``WATCHPROXY_COMPILE=1``; pure otherwise.
 
 Everything else about the package is in ``pyproject.toml``. Why these modules: a busy
-controller's requests spend most of the proxy's CPU in the Python of the fast lane, the pooled
-upstream connection and the limiter (``bench/README.md``, "Compiled"), and compiled they cost
-about a fifth less CPU per request. Each must stay compilable: ``scripts/compiled-tree.sh``
+controller's requests spend most of the proxy's CPU in the Python of the request path, the
+pooled upstream connection and the limiter (``bench/README.md``, "Compiled"). The API port's
+protocol and handler (``server/protocol.py``, ``api.py`` and their neighbours) are not compiled
+since they moved onto llhttp (``bench/README.md``, "One parser", 2026-12-07). Each must stay compilable: ``scripts/compiled-tree.sh``
 builds them, and the suite's compiled tier runs against the result.
 """
 

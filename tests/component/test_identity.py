@@ -32,7 +32,7 @@ async def test_forward_mode_sends_the_clients_credential_and_never_the_proxys(
 async def test_forward_mode_keeps_each_clients_credential_when_header_blocks_repeat(
     tmp_path: Any,
 ) -> None:
-    """What goes upstream for a header block the fast lane has seen before is worked out once
+    """What goes upstream for a header block the API port has seen before is worked out once
     (``Forwarder.send(shared_headers=True)``); clients taking turns still each send their own
     credential, and one that sends none sends none."""
     overrides = {"security.identity": "forward"}

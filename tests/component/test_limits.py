@@ -208,9 +208,9 @@ def _post_head(length: int | None) -> bytes:
     ).encode()
 
 
-# Each framing reaches a different reader of the body (server.protocol): a small body with a
-# length is buffered by the fast lane, a big one streams upstream through aiohttp's handler as
-# it comes, a chunked one is aiohttp's to parse.
+# Each framing takes a different way through the protocol (server.protocol): a small body with
+# a length is read at once, a big one only once the body budget holds it (the socket is not
+# read meanwhile), a chunked one by llhttp's chunk parser.
 FRAMINGS = {"small-length": 1000, "streamed-length": 200_000, "chunked": None}
 
 

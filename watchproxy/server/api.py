@@ -29,7 +29,7 @@ from watchproxy.policy.access import AccessPolicy
 from watchproxy.policy.clientlimits import ErroredWatchLimiter
 from watchproxy.policy.fairqueue import flow
 from watchproxy.server.clientgone import CLIENT_CLOSED_REQUEST, EndsWithClient
-from watchproxy.server.http import Answer, Request, faulty_framing
+from watchproxy.server.http import Answer, Request, faulty_framing, may_be_faulty
 from watchproxy.server.passthrough import Forwarder
 from watchproxy.server.protocol import Response
 from watchproxy.server.routes import (
@@ -292,10 +292,11 @@ class ApiHandler:
         self.metrics.request_done(route.verb, status, finished - started, stream=stream)
 
     async def _serve(self, request: Request, response: Response, route: Route) -> None:
-        faulty = faulty_framing(request.method, request.version, request.headers)
-        if faulty is not None:
-            self.metrics.rejected.labels("malformed").inc()
-            raise FaultyFraming(faulty)
+        if may_be_faulty(request):
+            faulty = faulty_framing(request.method, request.version, request.headers)
+            if faulty is not None:
+                self.metrics.rejected.labels("malformed").inc()
+                raise FaultyFraming(faulty)
         if route.refusal is not None:
             self._refuse(request, response, route, route.refusal)
             return

@@ -99,7 +99,9 @@ class Request:
         "body_length",
         "chunked",
         "errored_watch",
+        "has_body",
         "headers",
+        "hosts",
         "impersonating",
         "method",
         "remote",
@@ -129,8 +131,11 @@ class Request:
         self.shared = shared
         self.body_length = body_length  # declared Content-Length; None for a chunked body
         self.chunked = chunked
+        self.has_body = chunked or bool(body_length)
         self.upgrade = "Upgrade" in headers
-        self.impersonating = False  # set by the protocol from the header block
+        # Set by the protocol from the header block: Impersonate-* among them; Host fields.
+        self.impersonating = False
+        self.hosts = 1
         self._query: MultiDictProxy[str] | None = None
         # Set on a watch: its errored-watch key, and whether it asked for a short timeout.
         self.errored_watch: tuple[tuple[str, str, str], bool] | None = None
@@ -152,9 +157,16 @@ class Request:
             query = self._query = decoded_query(raw) if raw else _NO_QUERY
         return query
 
-    @property
-    def has_body(self) -> bool:
-        return self.chunked or bool(self.body_length)
+
+def may_be_faulty(request: Request) -> bool:
+    """Whether :func:`faulty_framing` may find something wrong with ``request`` (most requests
+    are HTTP/1.1 with one Host: nothing to look at)."""
+    return (
+        request.version != (1, 1)
+        or request.hosts != 1
+        or request.chunked
+        or request.method == "CONNECT"
+    )
 
 
 def faulty_framing(method: str, version: tuple[int, int], headers: Headers) -> str | None:
@@ -167,6 +179,7 @@ def faulty_framing(method: str, version: tuple[int, int], headers: Headers) -> s
     A major version other than 1: llhttp reads any digit.digit (HTTP/2.0 among them) by
     HTTP/1.1's rules; the apiserver's Go server refuses such a version on this port.
     An HTTP/1.1 request without Host, or with two: llhttp accepts both.
+    Transfer-Encoding other than ``chunked`` alone (found by the parser differential test).
     RFC 9112 section 6.1: an HTTP/1.0 message with Transfer-Encoding has faulty framing, even
     with a Content-Length: llhttp frames its body as chunked, an HTTP/1.0 peer or a proxy in
     front may frame it by its length or by the connection's end, and what one reads as a body
@@ -178,6 +191,11 @@ def faulty_framing(method: str, version: tuple[int, int], headers: Headers) -> s
         return f"HTTP/{version[0]}.{version[1]} is not served here; HTTP/1.1 is"
     if version < (1, 1) and "Transfer-Encoding" in headers:
         return "an HTTP/1.0 request must not carry Transfer-Encoding"
+    codings = headers.getall("Transfer-Encoding", ())
+    if codings and [c.strip().lower() for c in codings] != ["chunked"]:
+        # llhttp reads any codings that end in chunked; the apiserver's Go server, and h11,
+        # only chunked alone, and the proxy would forward a body still in the other codings.
+        return "a request body may be framed by Transfer-Encoding: chunked alone"
     if version >= (1, 1) and len(headers.getall("Host", ())) != 1:
         # RFC 9112 section 3.2: exactly one Host, or a 400.
         return "an HTTP/1.1 request carries exactly one Host header"

@@ -62,6 +62,8 @@ LINGER_SECONDS = 1.0
 # fields, is refused with a 400).
 MAX_LINE = 8190
 MAX_HEADERS = 128
+# Bytes of a head without its end after which it is refused.
+MAX_HEAD_BYTES = 65536
 # Parsed requests waiting behind the one being served before the socket stops being read.
 MAX_PIPELINED = 16
 # Body bytes held for a request whose handler has not claimed its body yet (it may refuse it
@@ -120,13 +122,16 @@ class _Pending:
 
 
 # Header blocks parsed before, by their lines: (headers, impersonating).
-_blocks: dict[tuple[tuple[bytes, bytes], ...], tuple[CIMultiDictProxy[str], bool]] = {}
+_blocks: dict[tuple[tuple[bytes, bytes], ...], tuple[CIMultiDictProxy[str], bool, int]] = {}
 
 
-def _headers_of(fields: list[tuple[bytes, bytes]]) -> tuple[CIMultiDictProxy[str], bool, bool]:
+def _headers_of(
+    fields: list[tuple[bytes, bytes]],
+) -> tuple[CIMultiDictProxy[str], bool, int, bool]:
     """The headers of ``fields`` (values decoded as UTF-8 with surrogate escapes, so that
     ``kube.headers.wire_value`` gives the client's bytes back), whether they impersonate, and
-    whether the object is a kept one, shared with later requests (never changed).
+    how many Host fields they have, and whether the object is a kept one, shared with later
+    requests (never changed).
 
     A value loses its trailing whitespace: it is not part of the field value (RFC 9110 section
     5.5), llhttp keeps it, and h11 and Go's net/http (the apiserver) drop it (found by the
@@ -134,7 +139,7 @@ def _headers_of(fields: list[tuple[bytes, bytes]]) -> tuple[CIMultiDictProxy[str
     key = tuple(fields)
     kept = _blocks.get(key)
     if kept is not None:
-        return kept[0], kept[1], True
+        return kept[0], kept[1], kept[2], True
     headers = CIMultiDictProxy(
         CIMultiDict(
             [
@@ -144,12 +149,23 @@ def _headers_of(fields: list[tuple[bytes, bytes]]) -> tuple[CIMultiDictProxy[str
         )
     )
     impersonating = impersonates(headers)
+    hosts = len(headers.getall("Host", ()))
     if sum(len(n) + len(v) for n, v in fields) > HEADER_BLOCK_BYTES_KEPT:
-        return headers, impersonating, False
+        return headers, impersonating, hosts, False
     if len(_blocks) >= HEADER_BLOCKS_KEPT:
         _blocks.clear()
-    _blocks[key] = (headers, impersonating)
-    return headers, impersonating, True
+    _blocks[key] = (headers, impersonating, hosts)
+    return headers, impersonating, hosts, True
+
+
+def _check_limits(url: list[bytes], fields: list[tuple[bytes, bytes]]) -> None:
+    """Raises _Refused for a head over the port's limits (those aiohttp's parser had)."""
+    if sum(map(len, url)) > MAX_LINE:
+        raise _Refused("the request target is too long")
+    if len(fields) > MAX_HEADERS:
+        raise _Refused("too many header fields")
+    if any(len(name) + len(value) > MAX_LINE for name, value in fields):
+        raise _Refused("a header field is too long")
 
 
 class HttpProtocol(asyncio.Protocol):
@@ -175,7 +191,8 @@ class HttpProtocol(asyncio.Protocol):
         # The message being parsed.
         self._url: list[bytes] = []
         self._fields: list[tuple[bytes, bytes]] = []
-        self._head_bytes = 0
+        self._head_bytes = 0  # of the head being parsed, before the read being parsed
+        self._chunk = 0  # the size of the read being parsed
         self._in_head = False  # between a message's first byte and the end of its head
         self._parsing: _Pending | None = None  # its head is in, its body is not
         self._queue: collections.deque[_Pending] = collections.deque()
@@ -248,6 +265,14 @@ class HttpProtocol(asyncio.Protocol):
             self._body_clock.progress(self.loop.time(), len(data))
             self._guard.progressed(self)
         self._got_bytes = True
+        self._chunk = size = len(data)
+        if self._in_head:
+            # A head past MAX_HEAD_BYTES without its end is refused (llhttp itself sets no
+            # bound); its lines are checked when it ends.
+            self._head_bytes += size
+            if self._head_bytes > MAX_HEAD_BYTES:
+                self._malformed("the request head is too long")
+                return
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade as upgrade:
@@ -292,26 +317,19 @@ class HttpProtocol(asyncio.Protocol):
 
     def on_url(self, url: bytes) -> None:
         self._url.append(url)
-        self._head_bytes += len(url)
-        if self._head_bytes > MAX_LINE:
-            raise _Refused("the request target is too long")
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if not self._in_head:
-            return  # a chunked body's trailer fields: dropped, never any request's headers
-        fields = self._fields
-        fields.append((name, value))
-        if len(name) + len(value) > MAX_LINE:
-            raise _Refused("a header field is too long")
-        if len(fields) > MAX_HEADERS:
-            raise _Refused("too many header fields")
+        if self._in_head:  # else a chunked body's trailer fields: never any request's headers
+            self._fields.append((name, value))
 
     def on_headers_complete(self) -> None:
         self._in_head = False
+        if self._head_bytes + self._chunk > MAX_LINE:  # only then can a line be over it
+            _check_limits(self._url, self._fields)
         parser = self._parser
         version = parser.get_http_version()
         major, _, minor = version.partition(".")
-        headers, impersonating, shared = _headers_of(self._fields)
+        headers, impersonating, hosts, shared = _headers_of(self._fields)
         length_field = headers.get("Content-Length")
         chunked = "Transfer-Encoding" in headers
         request = Request(
@@ -325,6 +343,7 @@ class HttpProtocol(asyncio.Protocol):
             chunked=chunked,
         )
         request.impersonating = impersonating
+        request.hosts = hosts
         pending = _Pending(request)
         if request.upgrade or not parser.should_keep_alive():
             # Nothing after this request is HTTP for us: a switch of protocols, or its end.
@@ -411,12 +430,14 @@ class HttpProtocol(asyncio.Protocol):
                     response.close = True
                 else:
                     await self._handler(pending.request, response)
+            except ConnectionError:  # the client went away while its answer was written
+                response.close = True
             except Exception:  # a defect: the connection cannot be trusted to frame the next one
                 log.exception(
                     "error serving %s %s", pending.request.method, pending.request.target[:200]
                 )
                 if response.status == 0:
-                    response.send_error(BadRequest("internal error"))  # pragma: no cover
+                    response.send_error(ProxyError("internal error"))
                 response.close = True
             finally:
                 self._guard.busy.discard(self)
