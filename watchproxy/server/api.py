@@ -29,7 +29,7 @@ from watchproxy.policy.access import AccessPolicy
 from watchproxy.policy.clientlimits import ErroredWatchLimiter
 from watchproxy.policy.fairqueue import flow
 from watchproxy.server.clientgone import CLIENT_CLOSED_REQUEST, EndsWithClient
-from watchproxy.server.http import Answer, Request, faulty_framing, may_be_faulty
+from watchproxy.server.http import Answer, Request, faulty_framing
 from watchproxy.server.passthrough import Forwarder
 from watchproxy.server.protocol import Response
 from watchproxy.server.routes import (
@@ -292,7 +292,12 @@ class ApiHandler:
         self.metrics.request_done(route.verb, status, finished - started, stream=stream)
 
     async def _serve(self, request: Request, response: Response, route: Route) -> None:
-        if may_be_faulty(request):
+        if (
+            request.version != (1, 1)
+            or request.hosts != 1
+            or request.chunked
+            or request.method == "CONNECT"
+        ):  # http.may_be_faulty, written out: once per request
             faulty = faulty_framing(request.method, request.version, request.headers)
             if faulty is not None:
                 self.metrics.rejected.labels("malformed").inc()
@@ -385,7 +390,12 @@ class ApiHandler:
         await asyncio.sleep(delay)
 
     def _flow_of(self, request: Request) -> tuple[str, str, str]:
-        return flow_key(request.remote, request.headers, self.forwarder.forward_identity)
+        key = request.flow
+        if key is None:
+            key = request.flow = flow_key(
+                request.remote, request.headers, self.forwarder.forward_identity
+            )
+        return key
 
     # The handlers, one per route kind: True when it answered, False to let the route's next
     # kind answer.

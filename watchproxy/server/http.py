@@ -99,6 +99,7 @@ class Request:
         "body_length",
         "chunked",
         "errored_watch",
+        "flow",
         "has_body",
         "headers",
         "hosts",
@@ -139,6 +140,7 @@ class Request:
         self._query: MultiDictProxy[str] | None = None
         # Set on a watch: its errored-watch key, and whether it asked for a short timeout.
         self.errored_watch: tuple[tuple[str, str, str], bool] | None = None
+        self.flow: tuple[str, str, str] | None = None  # its fair-queueing key, once asked
 
     @property
     def raw_path(self) -> str:

@@ -201,7 +201,9 @@ class Forwarder:
         self, request: Request, response: Response, *, verb: str, streaming: bool
     ) -> None:
         """Pass ``request`` through and answer it with what the apiserver answers."""
-        body = await read_body(request, response, self.max_body_bytes, self.body_budget)
+        body = None
+        if request.has_body:
+            body = await read_body(request, response, self.max_body_bytes, self.body_budget)
         try:
             upstream = await self.send(
                 request.method,

@@ -418,7 +418,7 @@ class HttpProtocol(asyncio.Protocol):
             if pending is self._parsing:
                 if self._state != "body":
                     self._begin_body()
-            else:
+            elif self._state != "active":
                 self._timer.clear()
                 self._move("active")
             self._guard.busy.add(self)
@@ -692,6 +692,7 @@ class Response:
         "_pending",
         "close",
         "finished",
+        "lost",
         "status",
         "taken_over",
     )
@@ -699,6 +700,7 @@ class Response:
     def __init__(self, conn: HttpProtocol, pending: _Pending) -> None:
         self._conn = conn
         self._pending = pending
+        self.lost = conn.lost  # resolves when the client's connection is lost
         request = pending.request
         self._head_only = request.method == "HEAD"
         self._chunked = False
@@ -710,11 +712,6 @@ class Response:
             or request.chunked  # see last_on_connection
             or pending is conn._upgraded
         )
-
-    @property
-    def lost(self) -> asyncio.Future[None]:
-        """Resolves when the client's connection is lost."""
-        return self._conn.lost
 
     @property
     def transport(self) -> asyncio.Transport | None:
