@@ -122,7 +122,7 @@ class Request:
         *,
         shared: bool = False,
         body_length: int | None = 0,
-        chunked: bool = False,
+        upgrade: bool | None = None,
     ) -> None:
         self.method = method
         self.target = target  # the raw request target: path and query, as sent
@@ -131,9 +131,9 @@ class Request:
         self.remote = remote
         self.shared = shared
         self.body_length = body_length  # declared Content-Length; None for a chunked body
-        self.chunked = chunked
+        self.chunked = chunked = body_length is None
         self.has_body = chunked or bool(body_length)
-        self.upgrade = "Upgrade" in headers
+        self.upgrade = "Upgrade" in headers if upgrade is None else upgrade
         # Set by the protocol from the header block: Impersonate-* among them; Host fields.
         self.impersonating = False
         self.hosts = 1

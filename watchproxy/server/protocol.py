@@ -26,7 +26,7 @@ import asyncio
 import collections
 import logging
 from collections.abc import AsyncIterable, Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Literal, Protocol, cast
+from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol, cast
 
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -122,16 +122,27 @@ class _Pending:
 
 
 # Header blocks parsed before, by their lines: (headers, impersonating).
-_blocks: dict[tuple[tuple[bytes, bytes], ...], tuple[CIMultiDictProxy[str], bool, int]] = {}
+_blocks: dict[tuple[tuple[bytes, bytes], ...], _Block] = {}
+# Methods and versions as llhttp reports them, decoded once.
+_methods: dict[bytes, str] = {}
+_versions: dict[str, tuple[int, int]] = {"1.1": (1, 1), "1.0": (1, 0)}
 
 
-def _headers_of(
-    fields: list[tuple[bytes, bytes]],
-) -> tuple[CIMultiDictProxy[str], bool, int, bool]:
+class _Block(NamedTuple):
+    """A request's header fields as the protocol reads them, kept per block of lines."""
+
+    headers: CIMultiDictProxy[str]
+    impersonating: bool  # an Impersonate-* field among them
+    hosts: int  # Host fields
+    body_length: int | None  # the declared Content-Length (0: none); None: chunked
+    upgrade: bool  # an Upgrade field
+    shared: bool  # kept: the same object for later requests with the same lines
+
+
+def _headers_of(fields: list[tuple[bytes, bytes]]) -> _Block:
     """The headers of ``fields`` (values decoded as UTF-8 with surrogate escapes, so that
-    ``kube.headers.wire_value`` gives the client's bytes back), whether they impersonate, and
-    how many Host fields they have, and whether the object is a kept one, shared with later
-    requests (never changed).
+    ``kube.headers.wire_value`` gives the client's bytes back) and what the protocol reads of
+    them, kept for the next request with the same lines (then never changed).
 
     A value loses its trailing whitespace: it is not part of the field value (RFC 9110 section
     5.5), llhttp keeps it, and h11 and Go's net/http (the apiserver) drop it (found by the
@@ -139,7 +150,7 @@ def _headers_of(
     key = tuple(fields)
     kept = _blocks.get(key)
     if kept is not None:
-        return kept[0], kept[1], kept[2], True
+        return kept
     headers = CIMultiDictProxy(
         CIMultiDict(
             [
@@ -148,14 +159,21 @@ def _headers_of(
             ]
         )
     )
-    impersonating = impersonates(headers)
-    hosts = len(headers.getall("Host", ()))
-    if sum(len(n) + len(v) for n, v in fields) > HEADER_BLOCK_BYTES_KEPT:
-        return headers, impersonating, hosts, False
-    if len(_blocks) >= HEADER_BLOCKS_KEPT:
-        _blocks.clear()
-    _blocks[key] = (headers, impersonating, hosts)
-    return headers, impersonating, hosts, True
+    # llhttp has checked the one Content-Length (digits only) and refused it beside chunked.
+    chunked = "Transfer-Encoding" in headers
+    block = _Block(
+        headers,
+        impersonates(headers),
+        len(headers.getall("Host", ())),
+        None if chunked else int(headers.get("Content-Length") or 0),
+        "Upgrade" in headers,
+        sum(len(n) + len(v) for n, v in fields) <= HEADER_BLOCK_BYTES_KEPT,
+    )
+    if block.shared:
+        if len(_blocks) >= HEADER_BLOCKS_KEPT:
+            _blocks.clear()
+        _blocks[key] = block
+    return block
 
 
 def _check_limits(url: list[bytes], fields: list[tuple[bytes, bytes]]) -> None:
@@ -328,22 +346,27 @@ class HttpProtocol(asyncio.Protocol):
             _check_limits(self._url, self._fields)
         parser = self._parser
         version = parser.get_http_version()
-        major, _, minor = version.partition(".")
-        headers, impersonating, hosts, shared = _headers_of(self._fields)
-        length_field = headers.get("Content-Length")
-        chunked = "Transfer-Encoding" in headers
+        numbers = _versions.get(version)
+        if numbers is None:
+            major, _, minor = version.partition(".")
+            numbers = (int(major or 0), int(minor or 0))
+        method_bytes = parser.get_method()
+        method = _methods.get(method_bytes)
+        if method is None:  # llhttp knows some thirty methods: a bounded dict
+            method = _methods[method_bytes] = method_bytes.decode("ascii", "replace")
+        block = _headers_of(self._fields)
         request = Request(
-            parser.get_method().decode("ascii", "replace"),
+            method,
             b"".join(self._url).decode("latin-1"),
-            headers,
-            (int(major or 0), int(minor or 0)),
+            block.headers,
+            numbers,
             self.remote,
-            shared=shared,
-            body_length=None if chunked else int(length_field or 0),
-            chunked=chunked,
+            shared=block.shared,
+            body_length=block.body_length,
+            upgrade=block.upgrade,
         )
-        request.impersonating = impersonating
-        request.hosts = hosts
+        request.impersonating = block.impersonating
+        request.hosts = block.hosts
         pending = _Pending(request)
         if request.upgrade or not parser.should_keep_alive():
             # Nothing after this request is HTTP for us: a switch of protocols, or its end.
