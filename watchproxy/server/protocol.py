@@ -26,13 +26,14 @@ import asyncio
 import collections
 import logging
 from collections.abc import AsyncIterable, Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol, cast
+from typing import Literal, NamedTuple, Protocol, cast
 
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from watchproxy.errors import BadRequest, BodyTimeout, PayloadTooLarge, ProxyError
 from watchproxy.kube.headers import impersonates
+from watchproxy.metrics import Metrics
 from watchproxy.server.deadlines import BodyClock, DeadlineTimer
 from watchproxy.server.http import (
     HEADER_BLOCK_BYTES_KEPT,
@@ -43,9 +44,6 @@ from watchproxy.server.http import (
     response_head,
     status_answer,
 )
-
-if TYPE_CHECKING:
-    from watchproxy.server.listener import ConnectionGuard
 
 log = logging.getLogger("watchproxy.listener")
 
@@ -75,6 +73,28 @@ _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _NO_BODY = frozenset({204, 304})
 
 Handler = Callable[[Request, "Response"], Awaitable[None]]
+
+
+class Guard(Protocol):
+    """What a connection needs of its guard (``server.listener.ConnectionGuard`` fits): the
+    port's limits, the books of connection states, the server tasks it owns."""
+
+    header_timeout: float
+    body_timeout: float
+    body_min_rate: float
+    max_body_bytes: int
+    draining: bool
+    metrics: Metrics
+    tasks: set[asyncio.Task[None]]
+    busy: set[HttpProtocol]
+
+    def opened(self, protocol: HttpProtocol) -> None: ...
+
+    def closed(self, protocol: HttpProtocol) -> None: ...
+
+    def moved(self, protocol: HttpProtocol, old: State | None, new: State | None) -> None: ...
+
+    def progressed(self, protocol: HttpProtocol) -> None: ...
 
 
 class Tunnel(Protocol):
@@ -190,7 +210,7 @@ class HttpProtocol(asyncio.Protocol):
     """One connection: parses its requests with llhttp, serves them in order, keeps its
     guard's state and its deadlines."""
 
-    def __init__(self, guard: ConnectionGuard, handler: Handler) -> None:
+    def __init__(self, guard: Guard, handler: Handler) -> None:
         self._guard = guard
         self._handler = handler
         self.loop = loop = asyncio.get_running_loop()  # once: each lookup is a getpid() on 3.11
