@@ -102,7 +102,11 @@ class Tunnel(Protocol):
 
     def feed_data(self, data: bytes) -> None: ...
 
-    def feed_eof(self) -> None: ...
+    def eof_received(self) -> bool:
+        """The client's FIN: True keeps the transport open (to write on after a half-close)."""
+
+    def feed_eof(self) -> None:
+        """The connection is lost."""
 
 
 class _Refused(Exception):
@@ -327,8 +331,7 @@ class HttpProtocol(asyncio.Protocol):
 
     def eof_received(self) -> bool | None:
         if self._tunnel is not None:
-            self._tunnel.feed_eof()
-            return True  # the tunnel's handler closes (its half-close goes upstream)
+            return self._tunnel.eof_received() or None
         # The client is done with the connection: close it, and the request in flight ends
         # with it (clientgone).
         return None

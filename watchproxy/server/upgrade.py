@@ -6,7 +6,11 @@ tunnelled in WebSocket since 1.31. The relay does not need to know which: it sen
 upstream with the proxy's credential and the client's Upgrade and protocol headers, and a
 refusal (401, 403, 404, 400) reaches the client with the apiserver's own status and Status
 body. On 101 it answers the client with the apiserver's 101 headers and copies bytes both ways
-until either side closes, then closes both.
+until either side closes, then closes both. A client's FIN (Go's clients shut down their
+sending side at the end of a session and keep reading) ends only the client-to-apiserver
+direction: what the apiserver still sends reaches the client, until the apiserver ends the
+session or sends nothing for HALF_CLOSED_IDLE seconds (the FIN may also mean the client is
+gone, and over TLS it cannot be passed on).
 
 Taking the client's connection over: a request that asks to switch protocols is the last one
 the connection parses (``server.protocol``); ``Response.take_over`` routes every byte after it
@@ -17,7 +21,9 @@ new protocol can reach the HTTP parser.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import math
 
 from multidict import CIMultiDict
 
@@ -34,6 +40,10 @@ log = logging.getLogger("watchproxy.upgrade")
 READ_CHUNK = 1 << 16
 # Bytes from the client held before its socket stops being read.
 CLIENT_BUFFER = 1 << 16
+# After a client's FIN, the session ends once the apiserver has sent nothing for this long.
+HALF_CLOSED_IDLE = 2.0
+# After the apiserver's end of a session, how long the client may take to close its side.
+LINGER = 2.0
 
 
 class _ClientBytes:
@@ -48,8 +58,32 @@ class _ClientBytes:
         self._eof = False
         self._paused = False
         self._arrived = asyncio.Event()
+        self.half_closed = False
+        """The client shut down its sending side (FIN) and still reads."""
+        self._discarding = False
+        self.ended = asyncio.Event()
+        """Set at the client's end of stream (its FIN, or the connection's loss)."""
+
+    def eof_received(self) -> bool:
+        """The client's FIN: True keeps the transport open, for what the apiserver still sends
+        to a client that has only finished sending, as Go's clients do at a session's end."""
+        self.half_closed = True
+        self.feed_eof()
+        return True
+
+    def discard(self) -> None:
+        """From now on the client's bytes are dropped as they arrive (the session is over)."""
+        self._discarding = True
+        self._chunks.clear()
+        self._size = 0
+        transport = self._transport
+        if self._paused and transport is not None and not transport.is_closing():
+            self._paused = False
+            transport.resume_reading()
 
     def feed_data(self, data: bytes) -> None:
+        if self._discarding:
+            return
         if data:
             self._chunks.append(data)
             self._size += len(data)
@@ -62,6 +96,7 @@ class _ClientBytes:
     def feed_eof(self) -> None:
         self._eof = True
         self._arrived.set()
+        self.ended.set()
 
     async def read(self) -> bytes:
         """All bytes buffered so far, waiting for some; b"" at the client's end of stream."""
@@ -91,14 +126,51 @@ async def _client_to_upstream(source: _ClientBytes, sink: asyncio.StreamWriter) 
     while chunk := await source.read():
         sink.write(chunk)
         await sink.drain()
+    # The client's end of stream, passed on as the apiserver would have seen it directly.
+    if source.half_closed and sink.can_write_eof():
+        sink.write_eof()
 
 
-async def _upstream_to_client(source: asyncio.StreamReader, sink: Response) -> None:
+async def _upstream_to_client(
+    source: asyncio.StreamReader, sink: Response, sent: list[float]
+) -> None:
+    """Copies until the apiserver's end of stream. ``sent[0]``: since when it has been waiting
+    for the apiserver (infinity while it writes to the client: a slow reader is no silence)."""
+    loop = asyncio.get_running_loop()
     while chunk := await source.read(READ_CHUNK):
         if sink.client_gone():
             return
+        sent[0] = math.inf
         sink.write(chunk)
         await sink.drain()
+        sent[0] = loop.time()
+
+
+async def _until_upstream_quiet(down: asyncio.Task[None], sent: list[float]) -> None:
+    """After a client's FIN: until the apiserver ends the session or has sent nothing for
+    HALF_CLOSED_IDLE seconds."""
+    loop = asyncio.get_running_loop()
+    sent[0] = max(sent[0], loop.time())
+    while not down.done():
+        left = sent[0] + HALF_CLOSED_IDLE - loop.time()
+        if left <= 0:
+            return
+        await asyncio.wait([down], timeout=min(left, HALF_CLOSED_IDLE))
+
+
+async def _close_gracefully(transport: asyncio.Transport, client: _ClientBytes) -> None:
+    """The apiserver ended the session: send the client our FIN after the last bytes, and
+    read (and drop) what it still sends until its own FIN, for at most LINGER seconds.
+    Closing a socket with unread bytes in its receive buffer makes the kernel send a reset
+    instead of a FIN, and a reset makes the client's kernel discard what the client had not
+    read yet: the tail of a large exec output (seen with kubectl 1.27 and 1.37 against a real
+    kubelet)."""
+    if transport.is_closing() or not transport.can_write_eof():
+        return
+    client.discard()
+    transport.write_eof()
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(client.ended.wait(), LINGER)
 
 
 class UpgradeRelay:
@@ -156,18 +228,24 @@ class UpgradeRelay:
         client._transport = transport
         try:
             response.start(101, "Switching Protocols", _switching_headers(answer))
-            pumps = [
-                asyncio.create_task(_client_to_upstream(client, answer.writer)),
-                asyncio.create_task(_upstream_to_client(answer.reader, response)),
-            ]
+            sent = [0.0]
+            up = asyncio.create_task(_client_to_upstream(client, answer.writer))
+            down = asyncio.create_task(_upstream_to_client(answer.reader, response, sent))
+            pumps = [up, down]
             self._sessions.update(pumps)
             try:
                 await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+                # A client that only finished sending still reads until the apiserver ends
+                # the session; a client that went away, or an upstream that ended, ends it now.
+                if client.half_closed and up.done() and not up.cancelled() and not up.exception():
+                    await _until_upstream_quiet(down, sent)
             finally:
                 self._sessions.difference_update(pumps)
                 for pump in pumps:
                     pump.cancel()
                 outcomes = await asyncio.gather(*pumps, return_exceptions=True)
+            if down.done() and not down.cancelled() and down.exception() is None:
+                await _close_gracefully(transport, client)
         finally:
             transport.close()
         for outcome in outcomes:

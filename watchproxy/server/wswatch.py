@@ -57,6 +57,10 @@ class _ClientControl:
                 transport.close()
                 break
 
+    def eof_received(self) -> bool:
+        self.feed_eof()
+        return False  # the stream ends with the client's FIN, as the apiserver's does
+
     def feed_eof(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
