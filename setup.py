@@ -1,9 +1,11 @@
 """Compiles the per-request modules with mypyc when ``WATCHPROXY_COMPILE=1``; pure otherwise.
 
 Everything else about the package is in ``pyproject.toml``. Why these modules: a busy
-controller's requests spend most of the proxy's CPU in the Python of the fast lane, the pooled
-upstream connection and the limiter, and compiled they cost less CPU per request
-(``bench/README.md``, "Compiled"). Each must stay compilable: ``python -m tests.compiledtree``
+controller's requests spend most of the proxy's CPU in the Python of the request path, the
+upstream client and the limiter (``bench/README.md``, "Compiled"). The API port's protocol and
+handler (``server/protocol.py``, ``api.py``) and the upstream client (``upstream/connection.py``,
+``pool.py``) are not compiled since they moved onto llhttp (``bench/README.md``, "One parser" and
+"One upstream client", 2026-12-07). Each must stay compilable: ``python -m tests.compiledtree``
 builds them, and the suite's compiled tier runs against the result.
 """
 
@@ -28,15 +30,7 @@ COMPILED_MODULES = [
     "watchproxy/policy/ratelimit.py",
     "watchproxy/policy/retryafter.py",
     "watchproxy/policy/tokenbucket.py",
-    "watchproxy/server/api.py",
-    "watchproxy/server/clientgone.py",
-    "watchproxy/server/connection.py",
     "watchproxy/server/deadlines.py",
-    "watchproxy/server/fastlane.py",
-    "watchproxy/server/lanes.py",
-    "watchproxy/server/listener.py",
-    "watchproxy/server/passthrough.py",
-    "watchproxy/server/requesthead.py",
     "watchproxy/server/routes.py",
     "watchproxy/upstream/connectivity.py",
     "watchproxy/upstream/target.py",

@@ -26,12 +26,10 @@ from watchproxy.policy.bodybudget import BodyBudget
 from watchproxy.policy.clientlimits import ClientRateLimiter, ErroredWatchLimiter
 from watchproxy.policy.ratelimit import UpstreamLimiter
 from watchproxy.server.admin import build_admin_app
-from watchproxy.server.api import ApiHandler, build_api_app
-from watchproxy.server.connection import IDLE_TIMEOUT_SECONDS
-from watchproxy.server.fastlane import FastLane
+from watchproxy.server.api import ApiHandler
 from watchproxy.server.listener import ConnectionGuard
 from watchproxy.server.passthrough import Forwarder
-from watchproxy.server.statushandler import status_server_factory
+from watchproxy.server.protocol import IDLE_TIMEOUT_SECONDS
 from watchproxy.server.upgrade import UpgradeRelay
 from watchproxy.server.watchsink import HubEndpoint
 from watchproxy.upstream.client import Upstream
@@ -45,9 +43,6 @@ from watchproxy.upstream.watchsource import UpstreamWatchSource
 __all__ = ["Proxy", "UpstreamTarget", "from_kubeconfig"]
 
 log = logging.getLogger("watchproxy")
-
-# An aiohttp keep-alive timeout that never fires (about 30 years).
-KEEPALIVE_NEVER = 1e9
 
 
 def backoff_policy(config: Config) -> BackoffPolicy:
@@ -182,13 +177,18 @@ class Proxy:
                 access=self.shared_access,
             )
         self._handler: ApiHandler | None = None
-        # Serves plain one-shot requests without aiohttp's server (server.fastlane).
-        self.fast_lane: FastLane | None = None
+        # The API port's connections (server.listener); its handler is ``api``.
+        self.guard: ConnectionGuard | None = None
         self.api_port = 0
         self.admin_port = 0
         self._runners: list[web.AppRunner] = []
         self._servers: list[asyncio.Server] = []
         self._loop_handler: tuple[asyncio.AbstractEventLoop, Any] | None = None
+
+    @property
+    def api(self) -> ApiHandler | None:
+        """The API port's handler, once started."""
+        return self._handler
 
     def ready(self) -> bool:
         draining = self._handler is not None and self._handler.draining
@@ -224,16 +224,7 @@ class Proxy:
         self._watch_loop_errors()
         await self.upstream.start()
         self.connectivity.start()
-        guard = ConnectionGuard(
-            asyncio.Protocol,
-            max_connections=self.config.limits.max_connections,
-            header_timeout=self.config.limits.header_timeout_seconds,
-            body_timeout=self.config.limits.body_timeout_seconds,
-            body_min_rate=self.config.limits.body_min_bytes_per_second,
-            metrics=self.metrics,
-        )
         handler = ApiHandler(
-            guard=guard,
             relay=self.relay,
             forwarder=self.forwarder,
             list_batcher=self.list_batcher,
@@ -261,19 +252,33 @@ class Proxy:
             ),
         )
         self._handler = handler
-        self.fast_lane = guard.fast_lane = FastLane(handler)
-        api_app = build_api_app(handler, max_body_bytes=self.config.limits.max_body_bytes)
+        self.guard = guard = ConnectionGuard(
+            handler,
+            max_connections=self.config.limits.max_connections,
+            header_timeout=self.config.limits.header_timeout_seconds,
+            body_timeout=self.config.limits.body_timeout_seconds,
+            body_min_rate=self.config.limits.body_min_bytes_per_second,
+            max_body_bytes=self.config.limits.max_body_bytes,
+            metrics=self.metrics,
+        )
         admin_app = build_admin_app(
             metrics=self.metrics,
             ready=self.ready,
             debug_watches=self.debug_watches,
             debug_view=self.config.admin.debug_view,
         )
-        self.api_port = await self._serve(
-            api_app, self.config.listen.host, self.config.listen.port, guard=handler.guard
+        self.api_port = await self._serve(guard, self.config.listen.host, self.config.listen.port)
+        runner = web.AppRunner(
+            admin_app,
+            access_log=None,
+            shutdown_timeout=self.config.limits.shutdown_grace_seconds / 2,
+            keepalive_timeout=IDLE_TIMEOUT_SECONDS,
         )
+        await runner.setup()
+        self._runners.append(runner)
+        assert runner.server is not None
         self.admin_port = await self._serve(
-            admin_app, self.config.admin.host, self.config.admin.port
+            runner.server, self.config.admin.host, self.config.admin.port
         )
         log.info(
             "serving the Kubernetes API on %s:%d (upstream %s), admin on %s:%d",
@@ -284,9 +289,7 @@ class Proxy:
             self.admin_port,
         )
 
-    async def _serve(
-        self, app: web.Application, host: str, port: int, *, guard: ConnectionGuard | None = None
-    ) -> int:
+    async def _serve(self, factory: Callable[[], asyncio.Protocol], host: str, port: int) -> int:
         # Bind the socket here so that port 0 tells its real number, whatever the event loop.
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         try:
@@ -294,23 +297,6 @@ class Proxy:
         except OSError as error:  # one line that names the port (the CLI prints strerror)
             reason = os.strerror(error.errno).lower() if error.errno else str(error)
             raise OSError(error.errno, f"cannot listen on {host}:{port}: {reason}") from None
-        runner = web.AppRunner(
-            # Half the grace for handlers still finishing; the hub's close has the other half.
-            app,
-            access_log=None,
-            shutdown_timeout=self.config.limits.shutdown_grace_seconds / 2,
-            # On the API port idle connections are the guard's to close (server.connection):
-            # aiohttp's timer does not see the requests the fast lane serves, and would close
-            # a busy connection as idle.
-            keepalive_timeout=IDLE_TIMEOUT_SECONDS if guard is None else KEEPALIVE_NEVER,
-        )
-        await runner.setup()
-        self._runners.append(runner)
-        assert runner.server is not None
-        factory: Callable[[], asyncio.Protocol] = runner.server
-        if guard is not None:
-            guard.inner_factory = status_server_factory(runner.server, self.metrics)
-            factory = guard
         # create_server listens again, with its own backlog (100) unless told: keep ours.
         server = await asyncio.get_running_loop().create_server(factory, sock=sock, backlog=512)
         self._servers.append(server)
@@ -324,6 +310,8 @@ class Proxy:
         grace = self.config.limits.shutdown_grace_seconds
         if self._handler is not None:
             self._handler.draining = True
+        if self.guard is not None:
+            self.guard.draining = True
         for server in self._servers:
             server.close()  # stop accepting first
         try:
@@ -343,20 +331,18 @@ class Proxy:
                 await self.consistent_lists.close()
             if self.shared_access is not None:
                 await self.shared_access.close()
-            if self._handler is not None:
-                await self._handler.guard.finish_fast_lane(grace / 2)
-            # The API runner waits for the handlers still finishing (half the grace), then
-            # cancels them and closes every connection.
-            for runner in self._runners[:1]:
-                await runner.cleanup()
+            # The API port waits for the requests still in flight (half the grace), then
+            # ends them and closes every connection.
+            if self.guard is not None:
+                await self.guard.drain(grace / 2)
         finally:
             # Whatever failed above is raised, after everything else is released.
-            if self._handler is not None:
-                await self._handler.guard.close()
+            if self.guard is not None:
+                await self.guard.close()
             await self.connectivity.close()
             await self.upstream.close()
             await self.metrics.stop()
-            for runner in reversed(self._runners[1:]):  # the admin port, last
+            for runner in reversed(self._runners):  # the admin port, last
                 await runner.cleanup()
             self._runners.clear()
             for server in self._servers:

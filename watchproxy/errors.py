@@ -1,10 +1,10 @@
 """Named errors and the Kubernetes ``metav1.Status`` bodies they turn into at the edge.
 
 Every failure the proxy distinguishes for a client is a :class:`ProxyError` subclass raised where
-it is detected and turned into a Status once, by the server's handlers (``status_response``);
-the upstream client's failures (a dial, a broken or silent answer) are mapped to these once,
-at the upstream boundary (``watchproxy.upstream.client``, ``watchproxy.upstream.response``).
-A 410 for a too-old resourceVersion is not an exception: it is an in-stream ERROR event, the
+it is detected and turned into a Status once, by the API port (``server.http.status_answer``);
+the upstream client's failures (a dial, a broken or silent answer) are mapped to these once, at
+the upstream boundary (``watchproxy.upstream.client``, ``watchproxy.upstream.response``). A 410
+for a too-old resourceVersion is not an exception: it is an in-stream ERROR event, the
 apiserver's own (the hub passes such watches through) or, for a resourceVersion a relist made
 ambiguous, one the hub writes (``hub.watchcache``).
 """

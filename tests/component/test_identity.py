@@ -32,7 +32,7 @@ async def test_forward_mode_sends_the_clients_credential_and_never_the_proxys(
 async def test_forward_mode_keeps_each_clients_credential_when_header_blocks_repeat(
     tmp_path: Any,
 ) -> None:
-    """What goes upstream for a header block the fast lane has seen before is worked out once
+    """What goes upstream for a header block the API port has seen before is worked out once
     (``Forwarder.send(shared_headers=True)``); clients taking turns still each send their own
     credential, and one that sends none sends none."""
     overrides = {"security.identity": "forward"}
@@ -42,12 +42,12 @@ async def test_forward_mode_keeps_each_clients_credential_when_header_blocks_rep
         )
         pod = PODS + "/p"  # a GET of one object: a plain pass-through (a LIST may be batched)
         tokens = [f"Bearer {running.fake.token}", "Bearer someone-else", None] * 3
-        served_before = running.proxy.fast_lane.served
+        served_before = running.proxy.api.served
         for token in tokens:
             headers = {"Authorization": token} if token else {}
             async with session.get(running.url + pod, headers=headers) as response:
                 assert response.status == (200 if token == tokens[0] else 401)
-        assert running.proxy.fast_lane.served - served_before == len(tokens)
+        assert running.proxy.api.served - served_before == len(tokens)
         sent = [
             r.headers.get("Authorization") for r in running.fake.stats.requests if r.path == pod
         ]

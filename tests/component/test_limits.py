@@ -46,7 +46,7 @@ HEAD_DEADLINE = 1.0
 async def test_a_keep_alive_connection_idles_past_head_deadlines_then_gets_its_own(
     tmp_path: Any,
 ) -> None:
-    """One timer serves the connection's deadlines (server.connection): idle for several head
+    """One timer serves the connection's deadlines (server.protocol): idle for several head
     deadlines after an answer, it stays open; a partial head then gets its 408 no sooner than
     a whole head deadline after it began."""
     overrides = {"limits.header_timeout_seconds": HEAD_DEADLINE}
@@ -208,9 +208,9 @@ def _post_head(length: int | None) -> bytes:
     ).encode()
 
 
-# Each framing reaches a different reader of the body (server.connection): a small body with a
-# length is buffered by the fast lane, a big one streams upstream through aiohttp's handler as
-# it comes, a chunked one is aiohttp's to parse.
+# Each framing takes a different way through the protocol (server.protocol): a small body with
+# a length is read at once, a big one only once the body budget holds it (the socket is not
+# read meanwhile), a chunked one by llhttp's chunk parser.
 FRAMINGS = {"small-length": 1000, "streamed-length": 200_000, "chunked": None}
 
 

@@ -45,7 +45,7 @@ metadata:
 data:
   size: large
 """
-# A body well over the 64 KiB the fast lane reads itself: read whole under the body budget
+# A body well over the 64 KiB read without the body budget: read whole under the budget
 # (policy/bodybudget.py) before it goes upstream, by POST (create) and PUT (replace).
 BIG = f"""\
 apiVersion: v1

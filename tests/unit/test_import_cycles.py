@@ -15,23 +15,6 @@ from pathlib import Path
 import grimp
 import pytest
 
-# The only cycles allowed, each named module by module, until the rewrite that removes it lands;
-# the coordinator deletes each entry when it merges that rewrite (issue 42). An entry whose
-# cycle is gone fails test_every_allowed_cycle_still_exists, so none lingers.
-TEMPORARY_CYCLES: dict[frozenset[str], str] = {
-    # api -> listener -> connection -> fastlane -> api, lanes <-> connection: the server rewrite
-    # (issue 42 item 1, one server protocol on the API port) replaces these modules.
-    frozenset(
-        {
-            "watchproxy.server.api",
-            "watchproxy.server.connection",
-            "watchproxy.server.fastlane",
-            "watchproxy.server.lanes",
-            "watchproxy.server.listener",
-        }
-    ): "server rewrite, issue 42 item 1",
-}
-
 
 def import_graph(package: str = "watchproxy") -> grimp.ImportGraph:
     return grimp.build_graph(package, cache_dir=None)
@@ -60,15 +43,10 @@ def describe(graph: grimp.ImportGraph, cycle: frozenset[str]) -> str:
 def test_watchproxy_modules_import_each_other_in_one_direction_only() -> None:
     graph = import_graph()
     assert "watchproxy.cli" in graph.modules
-    unexpected = import_cycles(graph) - TEMPORARY_CYCLES.keys()
+    unexpected = import_cycles(graph)
     assert not unexpected, "import cycles (move the shared concept where it belongs):\n" + (
         "\n".join(describe(graph, cycle) for cycle in sorted(unexpected, key=sorted))
     )
-
-
-def test_every_allowed_cycle_still_exists() -> None:
-    stale = [sorted(cycle) for cycle in TEMPORARY_CYCLES.keys() - import_cycles(import_graph())]
-    assert not stale, f"remove from TEMPORARY_CYCLES (no longer a cycle): {stale}"
 
 
 def test_imports_under_type_checking_in_functions_and_main_close_cycles(

@@ -19,7 +19,7 @@ from watchproxy.policy.access import (
     PolicyDenied,
     ReadOnlyRefused,
 )
-from watchproxy.server.fastlane import decoded_query
+from watchproxy.server.http import decoded_query
 from watchproxy.server.routes import (
     Refusal,
     Route,
@@ -415,7 +415,7 @@ def test_every_request_gets_a_route_that_ends_in_an_answer(
         assert routing.policy.forward_impersonation
 
 
-# One paged LIST's pages differ in their continue token only: routed as one (fastlane's page
+# One paged LIST's pages differ in their continue token only: routed as one (api.RouteMemo's page
 # memo), each with its own token.
 
 TOKEN = "eyJ2IjoibWV0YS5rOHMuaW8vdjEiLCJydiI6MTIzLCJzdGFydCI6InAtMyJ9"

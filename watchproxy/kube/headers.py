@@ -72,11 +72,11 @@ def wire_value(value: str) -> str:
     (latin-1), the bytes the client sent.
 
     Field values may hold obs-text, bytes 0x80-0xFF (RFC 9110 section 5.5), and the apiserver
-    (Go's net/http) accepts them as they are. aiohttp's parser hands a value over decoded as
-    UTF-8, each byte that is not UTF-8 kept as a surrogate escape: ``caf\\xe9`` arrives as
-    ``"caf\\udce9"``, ``caf\\xc3\\xa9`` as ``"café"``. Encoding that back the same way gives the
-    client's bytes; written as latin-1 (``upstream.http1``) they go out unchanged. The fast
-    lane's heads (``server.requesthead``) are ASCII, which both readings leave alone."""
+    (Go's net/http) accepts them as they are. The API port's protocol (``server.protocol``)
+    hands a value over decoded as UTF-8, each byte that is not UTF-8 kept as a surrogate
+    escape: ``caf\\xe9`` arrives as ``"caf\\udce9"``, ``caf\\xc3\\xa9`` as ``"café"``. Encoding
+    that back the same way gives the client's bytes; written as latin-1 (``upstream.http1``)
+    they go out unchanged."""
     return value.encode("utf-8", "surrogateescape").decode("latin-1")
 
 

@@ -4,17 +4,16 @@ A LIST answer is either whole bytes (small: one write) or a :class:`StreamedAnsw
 is handed over piece by piece, each once the client has taken the last: a batch member's view of
 one upstream answer (``lists.sharedbody``), or a LIST from the hub encoded from its cached
 objects as it is written (:class:`EncodedAnswer`). Nothing here holds a whole answer per client:
-a slow client holds one piece in its socket's buffer. The writers for the two servers are here
-too; :meth:`StreamedAnswer.chunks` is the same body as an async iterator, for any other writer.
+a slow client holds one piece in its socket's buffer. The API port writes
+:meth:`StreamedAnswer.chunks`, the body as an async iterator
+(``server.protocol.Response.send_stream``).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Iterator
-from typing import Protocol
 
-from aiohttp import web
 from multidict import CIMultiDict
 
 log = logging.getLogger("watchproxy.passthrough")
@@ -95,79 +94,9 @@ def encoded(content_type: str, pieces: Iterator[bytes]) -> bytes | EncodedAnswer
     return EncodedAnswer(200, headers, first, rest())
 
 
-async def paced(
-    request: web.Request, status: int, reason: str, headers: CIMultiDict[str], body: bytes
-) -> web.StreamResponse:
-    """A large whole answer written by aiohttp's server in pieces, each once the client has
-    taken the last: the batch's members share its one body, and a slow client holds one piece
-    in its buffer, not a copy of the whole."""
-    response = web.StreamResponse(status=status, reason=reason)
-    response.headers.extend(headers)
-    response.content_length = len(body)
-    await response.prepare(request)
+async def paced_chunks(body: bytes) -> AsyncIterator[bytes]:
+    """A large whole answer in pieces of PACED_BODY_BYTES, for a writer that hands the
+    transport each once the client took the last: the batch's members share its one body, and
+    a slow client holds one piece in its buffer, not a copy of the whole."""
     for start in range(0, len(body), PACED_BODY_BYTES):
-        await response.write(body[start : start + PACED_BODY_BYTES])
-    await response.write_eof()
-    return response
-
-
-async def stream(request: web.Request, answer: StreamedAnswer) -> web.StreamResponse:
-    """A streamed answer written by aiohttp's server, at the pace the client reads."""
-    response = web.StreamResponse(status=answer.status, reason=answer.reason)
-    response.headers.extend(answer.headers)
-    try:
-        await response.prepare(request)
-        while True:
-            chunk = await answer.next()
-            if chunk is None:
-                break
-            await response.write(chunk)
-        await response.write_eof()
-    except ReaderCut as cut:
-        log.info("a streamed LIST was cut: %s", cut)
-        if request.transport is not None:
-            request.transport.abort()  # a body that cannot be completed must not look whole
-    finally:
-        answer.leave()
-    return response
-
-
-class Writer(Protocol):
-    """A client's connection as the fast lane writes to it (``server.fastlane``)."""
-
-    def write(self, data: bytes) -> None: ...
-
-    async def drain(self) -> None: ...
-
-    def abort(self) -> None: ...
-
-
-class WholeBody(Protocol):
-    @property
-    def body(self) -> bytes: ...
-
-
-async def write_answer(answer: StreamedAnswer | WholeBody, head: bytes, client: Writer) -> None:
-    """Write ``head``, then a streamed answer (chunked) or a large whole one (its declared
-    length) in pieces, each once the client took the last: the fast lane's writer."""
-    client.write(head)
-    if not isinstance(answer, StreamedAnswer):
-        body = answer.body
-        for start in range(0, len(body), PACED_BODY_BYTES):
-            client.write(body[start : start + PACED_BODY_BYTES])
-            await client.drain()
-        return
-    try:
-        while True:
-            chunk = await answer.next()
-            if chunk is None:
-                break
-            if chunk:
-                client.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
-                await client.drain()
-        client.write(b"0\r\n\r\n")
-    except ReaderCut as cut:
-        log.info("a streamed LIST was cut: %s", cut)
-        client.abort()  # a body that cannot be completed must not look whole
-    finally:
-        answer.leave()
+        yield body[start : start + PACED_BODY_BYTES]

@@ -28,14 +28,13 @@ import logging
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from aiohttp import web
 from multidict import CIMultiDict
 
 from watchproxy.errors import ProxyError
 from watchproxy.hub.multiplexer import Headers
 from watchproxy.kube.apipath import canonical_target
 from watchproxy.kube.headers import response_headers
-from watchproxy.lists.answers import PACED_BODY_BYTES, StreamedAnswer, paced, stream
+from watchproxy.lists.answers import PACED_BODY_BYTES, StreamedAnswer
 from watchproxy.lists.ports import ListRequest
 from watchproxy.lists.sharedbody import SLOW_READER_SECONDS, SharedBody, Streamed
 from watchproxy.metrics import Metrics
@@ -145,23 +144,9 @@ class ListBatcher:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    async def serve(self, request: web.Request) -> web.StreamResponse | None:
-        """The answer of this request's batch as aiohttp's server sends it; None: pass it
-        through on its own."""
-        answer = await self.answer(request)
-        if answer is None:
-            return None
-        if isinstance(answer, StreamedAnswer):
-            return await stream(request, answer)
-        if len(answer.body) > PACED_BODY_BYTES:
-            return await paced(request, answer.status, answer.reason, answer.headers, answer.body)
-        response = web.Response(status=answer.status, reason=answer.reason, body=answer.body)
-        response.headers.extend(answer.headers)
-        return response
-
     async def answer(self, request: ListRequest) -> Answer | StreamedAnswer | None:
-        """The answer of this request's batch (the fast lane writes it as it is); None: pass
-        it through on its own."""
+        """The answer of this request's batch, as a value the API port writes as it is; None:
+        pass it through on its own."""
         headers, auth = self.forwarder.outgoing_headers(request.headers)
         answer = await self.shared_answer(
             request.raw_path, headers, auth, counted_in=self._metrics.list_batches

@@ -21,7 +21,7 @@ from watchproxy.kube.watchquery import WatchQuery
 
 class ListRequest(Protocol):
     """A client's LIST as LIST serving reads it: its raw request target and its headers
-    (aiohttp's request fits, and so does the fast lane's parsed head)."""
+    (the API port's ``server.http.Request`` fits)."""
 
     @property
     def raw_path(self) -> str: ...

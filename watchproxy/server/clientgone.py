@@ -1,24 +1,22 @@
 """A request's work ends when its client's connection does, whatever the work is waiting on.
 
-Why this is needed: aiohttp's server learns that a client left in its protocol's
-``connection_lost``, and tells nobody who could act on it: it fails the request's *body* stream
-(which a GET never reads again) and, unless ``handler_cancellation`` is on, leaves the handler
-running. A pass-through stream finds out only when it next writes to the client, and it writes
-only when an upstream byte arrives: a quiet watch, a ``logs -f`` of a silent container or a LIST
-the apiserver is still assembling kept its upstream request open until the collection changed
-or the request's own timeout (up to an hour) ended it.
+Why this is needed: a pass-through stream would find out that its client left only when it
+next writes to the client, and it writes only when an upstream byte arrives: a quiet watch, a
+``logs -f`` of a silent container or a LIST the apiserver is still assembling would keep its
+upstream request open until the collection changed or the request's own timeout (up to an
+hour) ended it.
 
-The signal: the connection guard resolves one future per connection when the loop reports the
-connection lost (``listener.GuardedProtocol.connection_lost``); the API handler runs each
+The signal: the connection resolves one future when the loop reports the connection lost
+(``protocol.HttpProtocol.connection_lost``); the API handler runs each
 request inside :class:`EndsWithClient`, which cancels the handler's own task when that future
 resolves and turns the cancellation back into a normal return at the end of the block. Whatever
 the handler awaits (an upstream read, a shared watch's fan-out, a rate-limiter slot, an upgrade
 relay) is cancelled where it waits, and the owners of upstream connections close them in their
 ``finally`` blocks, so the apiserver sees the request end at once. No upstream byte is needed.
 
-aiohttp's own ``handler_cancellation`` would cancel the handler too, but the cancellation would
-escape it: the request would go uncounted in the metrics and a client that left would be taken
-for a watch that failed. Here the handler finishes its bookkeeping and returns.
+A bare cancellation would escape the handler: the request would go uncounted in the metrics and
+a client that left would be taken for a watch that failed. Here the handler finishes its
+bookkeeping and returns.
 """
 
 from __future__ import annotations
@@ -27,20 +25,9 @@ import asyncio
 from types import TracebackType
 from typing import Any
 
-from aiohttp import web
-
-# The response a handler has begun sending (status and headers written): a client that leaves
-# after that saw this status, and the metrics count it so.
-STARTED = web.RequestKey("watchproxy_started_response", web.StreamResponse)
-
 # What the metrics record for a client that left before any response began (nginx's "client
 # closed request"; the client saw no status at all).
 CLIENT_CLOSED_REQUEST = 499
-
-
-def started(request: web.Request, response: web.StreamResponse) -> None:
-    """Note that ``response`` has been prepared (its status has gone to the client)."""
-    request[STARTED] = response
 
 
 def already_lost() -> asyncio.Future[None]:

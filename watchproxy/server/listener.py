@@ -1,7 +1,7 @@
-"""What aiohttp's server lacks on the API port: deadlines for request heads and bodies, a
-connection cap.
+"""The API port's connections: deadlines for request heads and bodies, a connection cap, and
+the end of every connection at shutdown.
 
-Every connection's protocol is wrapped in a :class:`GuardedProtocol`, which is in one of four
+Every connection is an :class:`~watchproxy.server.protocol.HttpProtocol`, which is in one of four
 states: ``head`` (open, no whole request head yet), ``body`` (a head is in, its body is still
 arriving), ``active`` (a request is being served: a list, a watch stream, an exec relay) or
 ``idle`` (keep-alive between requests).
@@ -20,9 +20,9 @@ arriving), ``active`` (a request is being served: a list, a watch stream, an exe
   active does the new one get a 503 Status. A flood of idle connections, slow heads or slow
   bodies thus costs the proxy at most ``max_connections`` connections and cannot lock anyone
   out.
-- Each connection's loss is a future (:meth:`ConnectionGuard.lost_signal`) that resolves when
-  the loop reports the connection lost: the signal on which a request's work ends with its
-  client (see ``clientgone``).
+- Each connection's loss is a future (``HttpProtocol.lost``) that resolves when the loop
+  reports the connection lost: the signal on which a request's work ends with its client (see
+  ``clientgone``).
 """
 
 from __future__ import annotations
@@ -30,14 +30,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
+from typing import cast
 
+from watchproxy.errors import UpstreamUnavailable
 from watchproxy.metrics import Metrics
-from watchproxy.server.clientgone import already_lost
-from watchproxy.server.connection import GuardedProtocol, Payload, State, status_reply
-
-if TYPE_CHECKING:
-    from watchproxy.server.fastlane import FastLane
+from watchproxy.server.http import response_head, status_answer
+from watchproxy.server.protocol import Handler, HttpProtocol, State
 
 log = logging.getLogger("watchproxy.listener")
 
@@ -51,25 +49,29 @@ class ConnectionGuard:
 
     def __init__(
         self,
-        inner_factory: Callable[[], asyncio.Protocol],
+        handler: Handler,
         *,
         max_connections: int,
         header_timeout: float,
         metrics: Metrics,
         body_timeout: float = 0.0,
         body_min_rate: float = 0.0,
+        max_body_bytes: int = 0,
     ) -> None:
-        self.inner_factory = inner_factory
+        self.handler = handler
         self.max_connections = max_connections
         self.header_timeout = header_timeout
         self.body_timeout = body_timeout
         self.body_min_rate = body_min_rate
+        self.max_body_bytes = max_body_bytes
         self.metrics = metrics
         self.open = 0
-        self.by_transport: dict[Any, GuardedProtocol] = {}
+        self.connections: set[HttpProtocol] = set()
+        # Set at shutdown: every answer then closes its connection.
+        self.draining = False
         # Insertion order is age in the state (for a body: since its last byte): the first
         # entry is the one to shed first.
-        self._sheddable: dict[State, dict[GuardedProtocol, None]] = {
+        self._sheddable: dict[State, dict[HttpProtocol, None]] = {
             "idle": {},
             "head": {},
             "body": {},
@@ -80,31 +82,10 @@ class ConnectionGuard:
         for state in _STATES:
             metrics.connections.labels(state).set_function(self._counter(state))
         metrics.count_client_connections(lambda: self.open)
-        # Set once the API handler exists: requests the connections serve themselves.
-        self.fast_lane: FastLane | None = None
-        # Every connection's fast-lane server task (server.lanes), and those of them
-        # serving a request now.
-        self.connection_tasks: set[asyncio.Task[None]] = set()
-        self.fast_tasks: set[asyncio.Task[None]] = set()
-
-    async def finish_fast_lane(self, timeout: float) -> None:
-        """At shutdown: wait up to ``timeout`` for the fast lane's requests in flight, then
-        cancel the rest (their clients' connections close next)."""
-        tasks = set(self.fast_tasks)
-        if not tasks:
-            return
-        _done, pending = await asyncio.wait(tasks, timeout=timeout)
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-
-    async def close(self) -> None:
-        """After the connections closed: end the server tasks still there (idle ones end by
-        themselves once their connection is lost; this awaits them, or ends them)."""
-        tasks = set(self.connection_tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        # Every connection's server task (server.protocol), and the connections serving a
+        # request now.
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.busy: set[HttpProtocol] = set()
 
     def _counter(self, state: State) -> Callable[[], float]:
         return lambda: self._counts[state]
@@ -112,16 +93,51 @@ class ConnectionGuard:
     def __call__(self) -> asyncio.Protocol:
         if self.max_connections and self.open >= self.max_connections and not self._shed_one():
             self.metrics.rejected.labels("connections").inc()
-            return _Refuse(
-                status_reply(
-                    503,
-                    "Service Unavailable",
-                    "ServiceUnavailable",
-                    f"watchproxy serves at most {self.max_connections} connections, "
-                    "all of them busy",
-                )
+            busy = UpstreamUnavailable(
+                f"watchproxy serves at most {self.max_connections} connections, all of them busy"
             )
-        return GuardedProtocol(self, self.inner_factory())
+            answer = status_answer(busy)
+            return _Refuse(
+                response_head(
+                    answer.status, answer.reason, answer.headers, length=len(answer.body),
+                    close=True,
+                ) + answer.body
+            )  # fmt: skip
+        return HttpProtocol(self, self.handler)
+
+    def opened(self, protocol: HttpProtocol) -> None:
+        self.connections.add(protocol)
+
+    def closed(self, protocol: HttpProtocol) -> None:
+        self.connections.discard(protocol)
+        self.busy.discard(protocol)
+
+    async def drain(self, timeout: float) -> None:
+        """At shutdown (``draining`` set): close the idle connections, wait up to ``timeout``
+        for the requests in flight, then close every connection and end its server task."""
+        for protocol in list(self.connections):
+            protocol.close_idle()
+        tasks = {task for task in self.tasks if not task.done()}
+        if tasks:
+            deadline = asyncio.get_running_loop().time() + timeout
+            while self.busy and asyncio.get_running_loop().time() < deadline:
+                left = deadline - asyncio.get_running_loop().time()
+                await asyncio.wait(tasks, timeout=min(left, 0.05))
+                tasks = {task for task in tasks if not task.done()}
+                for protocol in list(self.connections):
+                    protocol.close_idle()
+        for protocol in list(self.connections):
+            if protocol.transport is not None:
+                protocol.transport.close()
+        await self.close()
+
+    async def close(self) -> None:
+        """End the server tasks still there (idle ones end by themselves once their connection
+        is lost; this awaits them, or ends them)."""
+        tasks = set(self.tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def _shed_one(self) -> bool:
         for state in _SHED_ORDER:
@@ -133,7 +149,7 @@ class ConnectionGuard:
                 return True
         return False
 
-    def moved(self, protocol: GuardedProtocol, old: State | None, new: State | None) -> None:
+    def moved(self, protocol: HttpProtocol, old: State | None, new: State | None) -> None:
         """Book-keeping of ``protocol`` leaving state ``old`` for ``new`` (None: not open)."""
         # Three moves per request: no dict made for a state that sheds nothing.
         if old is not None:
@@ -151,32 +167,12 @@ class ConnectionGuard:
             if old is None:
                 self.open += 1
 
-    def progressed(self, protocol: GuardedProtocol) -> None:
+    def progressed(self, protocol: HttpProtocol) -> None:
         """A byte of ``protocol``'s body came: it is now the last body to shed."""
         bodies = self._sheddable["body"]
         if protocol in bodies:  # re-inserted: to the end of the order
             del bodies[protocol]
             bodies[protocol] = None
-
-    def lost_signal(self, transport: Any) -> asyncio.Future[None]:
-        """Resolves when the connection of ``transport`` is lost (already resolved if it is).
-
-        aiohttp sets a request's transport to None when its connection is lost, and the guard
-        forgets a connection at the same moment: either way the client has gone."""
-        guarded = self.by_transport.get(transport) if transport is not None else None
-        return guarded.lost if guarded is not None else already_lost()
-
-    def request_started(self, transport: Any, payload: Payload | None = None) -> None:
-        """Called by the handler once a request's headers have been parsed; ``payload``: its
-        body as aiohttp reads it."""
-        guarded = self.by_transport.get(transport)
-        if guarded is not None:
-            guarded.request_started(payload)
-
-    def request_finished(self, transport: Any) -> None:
-        guarded = self.by_transport.get(transport)
-        if guarded is not None:
-            guarded.request_finished()
 
 
 _STATES: tuple[State, ...] = ("head", "body", "idle", "active")

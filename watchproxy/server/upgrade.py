@@ -12,12 +12,10 @@ direction: what the apiserver still sends reaches the client, until the apiserve
 session or sends nothing for HALF_CLOSED_IDLE seconds (the FIN may also mean the client is
 gone, and over TLS it cannot be passed on).
 
-Taking the client's connection over: aiohttp's server marks a connection upgraded only for
-``Upgrade: websocket``/``tcp``; for anything else it would parse the bytes after the request as
-the next HTTP request. Replacing the connection's payload parser (what ``WebSocketResponse``
-does) routes every byte that arrives afterwards to us, whatever the protocol. It is replaced
-before the 101 is written, so no byte of the new protocol can reach the HTTP parser: a client
-speaks only after it reads the 101.
+Taking the client's connection over: a request that asks to switch protocols is the last one
+the connection parses (``server.protocol``); ``Response.take_over`` routes every byte after it
+to the relay, whatever the protocol. It is taken before the 101 is written, so no byte of the
+new protocol can reach the HTTP parser.
 """
 
 from __future__ import annotations
@@ -26,16 +24,14 @@ import asyncio
 import contextlib
 import logging
 import math
-from typing import Any, cast
 
-from aiohttp import web
-from aiohttp.abc import AbstractStreamWriter
 from multidict import CIMultiDict
 
 from watchproxy.errors import BadRequest
 from watchproxy.kube.apipath import canonical_target
 from watchproxy.kube.headers import forwarded_credential, request_headers, response_headers
-from watchproxy.server.clientgone import started
+from watchproxy.server.http import Request
+from watchproxy.server.protocol import Response
 from watchproxy.upstream.client import Upstream, UpstreamResponse
 
 log = logging.getLogger("watchproxy.upgrade")
@@ -50,16 +46,12 @@ LINGER = 2.0
 
 
 class _ClientBytes:
-    """Stands in for the connection's payload parser: every byte the client sends after the
-    request head is buffered here for the pump, and the socket stops being read while more
-    than CLIENT_BUFFER bytes wait (backpressure).
+    """The connection's tunnel after the switch: every byte the client sends after the request
+    head is buffered here for the pump, and the socket stops being read while more than
+    CLIENT_BUFFER bytes wait (backpressure)."""
 
-    The pause is the transport's own: aiohttp's StreamReader would pause through the
-    connection's protocol, which also pauses its HTTP parser unless aiohttp itself marked the
-    connection upgraded, and that parser asserts (it never does so for SPDY)."""
-
-    def __init__(self, transport: asyncio.Transport) -> None:
-        self._transport = transport
+    def __init__(self) -> None:
+        self._transport: asyncio.Transport | None = None
         self._chunks: list[bytes] = []
         self._size = 0
         self._eof = False
@@ -72,11 +64,8 @@ class _ClientBytes:
         """Set at the client's end of stream (its FIN, or the connection's loss)."""
 
     def eof_received(self) -> bool:
-        """The connection's ``eof_received`` while the relay owns it (StatusRequestHandler
-        asks its payload parser). asyncio closes a transport
-        whose protocol answers a FIN with a false value (aiohttp's does): that would cut off
-        what the apiserver still sends to a client that has only finished sending, as Go's
-        clients do at the end of a session. True keeps the transport open for it."""
+        """The client's FIN: True keeps the transport open, for what the apiserver still sends
+        to a client that has only finished sending, as Go's clients do at a session's end."""
         self.half_closed = True
         self.feed_eof()
         return True
@@ -86,21 +75,22 @@ class _ClientBytes:
         self._discarding = True
         self._chunks.clear()
         self._size = 0
-        if self._paused and not self._transport.is_closing():
+        transport = self._transport
+        if self._paused and transport is not None and not transport.is_closing():
             self._paused = False
-            self._transport.resume_reading()
+            transport.resume_reading()
 
-    def feed_data(self, data: bytes) -> tuple[bool, bytes]:
+    def feed_data(self, data: bytes) -> None:
         if self._discarding:
-            return False, b""
+            return
         if data:
             self._chunks.append(data)
             self._size += len(data)
             self._arrived.set()
-            if self._size > CLIENT_BUFFER and not self._paused:
+            transport = self._transport
+            if self._size > CLIENT_BUFFER and not self._paused and transport is not None:
                 self._paused = True
-                self._transport.pause_reading()
-        return False, b""
+                transport.pause_reading()
 
     def feed_eof(self) -> None:
         self._eof = True
@@ -115,9 +105,10 @@ class _ClientBytes:
         data = b"".join(self._chunks)
         self._chunks.clear()
         self._size = 0
-        if self._paused and not self._transport.is_closing():
+        transport = self._transport
+        if self._paused and transport is not None and not transport.is_closing():
             self._paused = False
-            self._transport.resume_reading()
+            transport.resume_reading()
         return data
 
 
@@ -140,17 +131,16 @@ async def _client_to_upstream(source: _ClientBytes, sink: asyncio.StreamWriter) 
 
 
 async def _upstream_to_client(
-    source: asyncio.StreamReader, sink: AbstractStreamWriter, sent: list[float]
+    source: asyncio.StreamReader, sink: Response, sent: list[float]
 ) -> None:
     """Copies until the apiserver's end of stream. ``sent[0]``: since when it has been waiting
     for the apiserver (infinity while it writes to the client: a slow reader is no silence)."""
-    transport = cast(Any, sink).transport
     loop = asyncio.get_running_loop()
     while chunk := await source.read(READ_CHUNK):
-        if transport is None or transport.is_closing():
+        if sink.client_gone():
             return
         sent[0] = math.inf
-        transport.write(chunk)
+        sink.write(chunk)
         await sink.drain()
         sent[0] = loop.time()
 
@@ -173,7 +163,7 @@ async def _close_gracefully(transport: asyncio.Transport, client: _ClientBytes) 
     Closing a socket with unread bytes in its receive buffer makes the kernel send a reset
     instead of a FIN, and a reset makes the client's kernel discard what the client had not
     read yet: the tail of a large exec output (seen with kubectl 1.27 and 1.37 against a real
-    kubelet, tests/realnode/test_streams.py)."""
+    kubelet)."""
     if transport.is_closing() or not transport.can_write_eof():
         return
     client.discard()
@@ -199,8 +189,8 @@ class UpgradeRelay:
         for pump in list(self._sessions):
             pump.cancel()
 
-    async def relay(self, request: web.Request) -> web.StreamResponse:
-        if request.body_exists:
+    async def relay(self, request: Request, response: Response) -> None:
+        if request.has_body:
             raise BadRequest("an upgrade request carries no body")
         headers = request_headers(
             request.headers,
@@ -213,57 +203,53 @@ class UpgradeRelay:
             headers["Upgrade"] = upgrade
         answer = await self.upstream.open_upgrade(
             request.method,
-            canonical_target(request.raw_path),  # what the router judged, decoded
+            canonical_target(request.target),  # what the router judged, decoded
             headers=headers,
             forwarded_auth=forwarded_credential(request.headers, self.forward_identity),
         )
         try:
             if not answer.switched:
-                return web.Response(
-                    status=answer.status,
-                    body=await answer.read(),
-                    headers=response_headers(answer.headers, keep_length=False),
+                response.send(
+                    answer.status,
+                    "",
+                    response_headers(answer.headers, keep_length=False),
+                    await answer.read(),
                 )
-            return await self._pipe(request, answer)
+                return
+            await self._pipe(request, response, answer)
         finally:
             await answer.close()
 
-    async def _pipe(self, request: web.Request, answer: UpstreamResponse) -> web.StreamResponse:
-        transport = request.transport
-        if transport is None:
-            raise ConnectionResetError("the client went away before the upgrade")
-        client = _ClientBytes(transport)
-        # The payload parser's declared type is aiohttp's WebSocketReader; the connection only
-        # calls feed_data and feed_eof, which _ClientBytes provides.
-        # The connection also asks it what a FIN means (server/statushandler.py).
-        request.protocol.set_parser(cast(Any, client))
+    async def _pipe(self, request: Request, response: Response, answer: UpstreamResponse) -> None:
+        client = _ClientBytes()
+        # Before the 101: no byte of the new protocol can reach the HTTP parser.
         upstream_reader, upstream_writer = answer.take_stream()
-        response = web.StreamResponse(status=101, headers=_switching_headers(answer))
-        response.force_close()
-        writer = await response.prepare(request)
-        assert writer is not None
-        started(request, response)
-        sent = [0.0]
-        up = asyncio.create_task(_client_to_upstream(client, upstream_writer))
-        down = asyncio.create_task(_upstream_to_client(upstream_reader, writer, sent))
-        pumps = [up, down]
-        self._sessions.update(pumps)
+        transport = response.take_over(client)
+        client._transport = transport
         try:
-            await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
-            # A client that only finished sending still reads until the apiserver ends the
-            # session; a client that went away, or an upstream that ended, ends it now.
-            if client.half_closed and up.done() and not up.cancelled() and not up.exception():
-                await _until_upstream_quiet(down, sent)
+            response.start(101, "Switching Protocols", _switching_headers(answer))
+            sent = [0.0]
+            up = asyncio.create_task(_client_to_upstream(client, upstream_writer))
+            down = asyncio.create_task(_upstream_to_client(upstream_reader, response, sent))
+            pumps = [up, down]
+            self._sessions.update(pumps)
+            try:
+                await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+                # A client that only finished sending still reads until the apiserver ends
+                # the session; a client that went away, or an upstream that ended, ends it now.
+                if client.half_closed and up.done() and not up.cancelled() and not up.exception():
+                    await _until_upstream_quiet(down, sent)
+            finally:
+                self._sessions.difference_update(pumps)
+                for pump in pumps:
+                    pump.cancel()
+                outcomes = await asyncio.gather(*pumps, return_exceptions=True)
+            if down.done() and not down.cancelled() and down.exception() is None:
+                await _close_gracefully(transport, client)
         finally:
-            self._sessions.difference_update(pumps)
-            for pump in pumps:
-                pump.cancel()
-            outcomes = await asyncio.gather(*pumps, return_exceptions=True)
-        if down.done() and not down.cancelled() and down.exception() is None:
-            await _close_gracefully(transport, client)
+            transport.close()
         for outcome in outcomes:
             if isinstance(outcome, ConnectionError | OSError):
                 log.info("a relayed upgrade ended abruptly: %s (%s)", request.path, outcome)
             elif isinstance(outcome, Exception):
                 raise outcome
-        return response

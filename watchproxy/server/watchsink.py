@@ -1,8 +1,8 @@
-"""The hub's client side, made of aiohttp: a watch response as a :class:`WatchSink`.
+"""The hub's client side: a watch response as a :class:`WatchSink`.
 
 :class:`HubEndpoint` is what the API handler sees as its ``WatchServer``: it hands the hub the
 request's path, query and headers and a starter that sends the 200 when the hub is ready, and
-turns what the hub answers into aiohttp responses, so that the hub itself never sees aiohttp.
+writes what the hub answers otherwise, so that the hub itself never sees the connection.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from aiohttp import web
-from aiohttp.abc import AbstractStreamWriter
 
 from watchproxy.hub.multiplexer import Hub, Refusal
 from watchproxy.hub.watchkey import Unservable
@@ -22,35 +21,29 @@ from watchproxy.lists.answers import StreamedAnswer
 from watchproxy.lists.cached import CachedLists
 from watchproxy.lists.ports import ListRequest
 from watchproxy.lists.sharedaccess import SharedAccess
-from watchproxy.server.clientgone import started
+from watchproxy.server.http import Request
+from watchproxy.server.protocol import Response
 from watchproxy.server.wswatch import WebSocketStarter
 
 
 def chunk(data: bytes) -> bytes:
-    """One HTTP/1.1 chunk, as aiohttp's chunked writer frames it."""
+    """One HTTP/1.1 chunk."""
     return b"%x\r\n" % len(data) + data + b"\r\n"
 
 
 class ResponseSink:
-    """One client's prepared watch response (chunked, uncompressed).
+    """One client's watch response, its head written (chunked, uncompressed).
 
     The hub's fan-out writes pre-framed chunks straight to the transport (``send_framed``);
-    aiohttp's writer is used for the rest (``write``, ``write_eof``) and for ``drain``, which
-    waits on the protocol's ``pause_writing``/``resume_writing``. Both go through the same
-    transport in call order, so the chunks stay in order.
+    ``drain`` waits on the protocol's ``pause_writing``/``resume_writing``.
     """
 
-    def __init__(
-        self, request: web.Request, response: web.StreamResponse, writer: AbstractStreamWriter
-    ) -> None:
-        self._request = request
+    def __init__(self, response: Response) -> None:
         self._response = response
-        self._writer = writer
-        transport = request.transport
+        transport = response.transport
         self._high = transport.get_write_buffer_limits()[1] if transport is not None else 0
-        # Kept for send_framed, the fan-out's per-event call (``request.transport`` is a
-        # property lookup). aiohttp drops the request's reference when the connection is lost;
-        # this one then answers is_closing() True, which is all send_framed asks of it.
+        # Kept for send_framed, the fan-out's per-event call. Once the connection is lost it
+        # answers is_closing() True, which is all send_framed asks of it.
         self._transport = transport
 
     coding = IDENTITY
@@ -64,7 +57,7 @@ class ResponseSink:
         return transport.get_write_buffer_size() <= self._high
 
     def send_lines(self, lines: Sequence[bytes], size: int) -> bool:
-        transport = self._request.transport
+        transport = self._transport
         if transport is None or transport.is_closing():
             return False
         transport.writelines([b"%x\r\n" % size, *lines, b"\r\n"])
@@ -73,33 +66,29 @@ class ResponseSink:
     async def drain(self) -> None:
         if self.client_gone():
             raise ConnectionResetError("the watch client has gone")
-        await self._writer.drain()
+        await self._response.drain()
 
     async def write(self, data: bytes) -> None:
-        try:
-            await self._response.write(data)
-        except RuntimeError as error:  # aiohttp: writing to a transport that is closing
-            raise ConnectionResetError(str(error)) from None
+        if self.client_gone():
+            raise ConnectionResetError("the watch client has gone")
+        self._response.write(data)
+        await self._response.drain()
 
     async def write_eof(self) -> None:
-        try:
-            await self._response.write_eof()
-        except RuntimeError as error:
-            raise ConnectionResetError(str(error)) from None
+        if self.client_gone():
+            raise ConnectionResetError("the watch client has gone")
+        self._response.end()
 
     def client_gone(self) -> bool:
-        transport = self._request.transport
-        return transport is None or transport.is_closing()
+        return self._response.client_gone()
 
     def abort(self) -> None:
-        transport = self._request.transport
+        transport = self._transport
         if transport is not None:
             transport.abort()
 
     def close(self) -> None:
-        transport = self._request.transport
-        if transport is not None:
-            transport.close()
+        self._response.abort()
 
 
 def gzip_chunk(data: bytes) -> bytes:
@@ -129,29 +118,24 @@ class GzipResponseSink(ResponseSink):
 
 
 class _Starter:
-    """Sends the watch's 200 and headers when the hub asks; keeps the response to return."""
+    """Sends the watch's 200 and headers when the hub asks."""
 
-    def __init__(self, request: web.Request, coding: str) -> None:
-        self._request = request
+    def __init__(self, response: Response, coding: str) -> None:
+        self._response = response
         self._coding = coding
-        self.response: web.StreamResponse | None = None
 
     async def start(self, content_type: str) -> ResponseSink:
-        response = web.StreamResponse(status=200)
-        response.headers["Content-Type"] = content_type
-        response.enable_chunked_encoding()
-        response.headers["Cache-Control"] = "no-cache, private"
+        response = self._response
+        if response.client_gone():
+            raise ConnectionResetError("the watch client has gone")
+        headers = {"Content-Type": content_type, "Cache-Control": "no-cache, private"}
         gzipped = self._coding == GZIP
         if gzipped:
-            response.headers["Content-Encoding"] = GZIP
-            response.headers.add("Vary", "Accept-Encoding")
-        self.response = response
-        writer = await response.prepare(self._request)
-        started(self._request, response)
-        if writer is None:  # pragma: no cover - prepare returns the writer it made
-            raise ConnectionResetError("the watch response was not prepared")
+            headers["Content-Encoding"] = GZIP
+            headers["Vary"] = "Accept-Encoding"
+        response.start(200, "OK", headers, chunked=True)
         sink = GzipResponseSink if gzipped else ResponseSink
-        return sink(self._request, response, writer)
+        return sink(response)
 
 
 class HubEndpoint:
@@ -166,35 +150,34 @@ class HubEndpoint:
         self.access = access
 
     async def serve(
-        self, request: web.Request, api_path: ApiPath, query: WatchQuery
-    ) -> web.StreamResponse | None:
+        self, request: Request, response: Response, api_path: ApiPath, query: WatchQuery
+    ) -> bool:
         admitted = await self._admitted(request, api_path, query)
         if admitted is not True:
             # Passed through (the apiserver answers), or the apiserver's 403.
-            return admitted if isinstance(admitted, web.Response) else None
+            return self._refused(admitted, response)
         # The apiserver reads only the first Accept-Encoding header; so does headers.get.
-        starter = _Starter(request, watch_coding(query, request.headers.get("Accept-Encoding")))
-        served = await self.hub.serve(api_path, query, request.headers, starter)
-        return self._answer(served, starter)
+        coding = watch_coding(query, request.headers.get("Accept-Encoding"))
+        served = await self.hub.serve(api_path, query, request.headers, _Starter(response, coding))
+        return self._answer(served, response)
 
     async def serve_websocket(
-        self, request: web.Request, api_path: ApiPath, query: WatchQuery
-    ) -> web.StreamResponse | None:
-        """A watch asked for over WebSocket: served by the hub, one event per message; None
+        self, request: Request, response: Response, api_path: ApiPath, query: WatchQuery
+    ) -> bool:
+        """A watch asked for over WebSocket: served by the hub, one event per message; False
         (relay it) for a handshake the apiserver would refuse, so that it answers it."""
         handshake = websocket.handshake(request.method, request.headers)
         if handshake is None:
-            return None
+            return False
         admitted = await self._admitted(request, api_path, query)
         if admitted is not True:
-            # Passed through (the apiserver answers), or the apiserver's 403.
-            return admitted if isinstance(admitted, web.Response) else None
-        starter = WebSocketStarter(request, handshake)
+            return self._refused(admitted, response)
+        starter = WebSocketStarter(response, handshake)
         served = await self.hub.serve(api_path, query, request.headers, starter)
-        return self._answer(served, starter)
+        return self._answer(served, response)
 
     async def _admitted(
-        self, request: web.Request, api_path: ApiPath, query: WatchQuery
+        self, request: Request, api_path: ApiPath, query: WatchQuery
     ) -> web.Response | bool:
         """True when the hub may serve this watch; False to pass it through (the apiserver
         answers); or the apiserver's 403. Asked only in forward identity mode, for a watch the
@@ -208,18 +191,26 @@ class HubEndpoint:
         return await access.admit(request.headers, "watch", api_path, query)
 
     @staticmethod
-    def _answer(
-        served: Refusal | str | None, starter: _Starter | WebSocketStarter
-    ) -> web.StreamResponse | None:
+    def _refused(admitted: web.Response | bool, response: Response) -> bool:
+        if not isinstance(admitted, web.Response):
+            return False
+        assert isinstance(admitted.body, bytes)
+        headers = admitted.headers.copy()
+        headers.popall("Content-Length", None)
+        response.send(admitted.status, admitted.reason, headers, admitted.body)
+        return True
+
+    @staticmethod
+    def _answer(served: Refusal | str | None, response: Response) -> bool:
         if served is None:
-            return None
+            return False
         if isinstance(served, Refusal):
-            answer = web.Response(status=served.status, body=served.body)
-            answer.headers["Content-Type"] = served.content_type or "application/json"
-            return answer
-        if starter.response is None:  # pragma: no cover - the hub streams only after start()
+            headers = {"Content-Type": served.content_type or "application/json"}
+            response.send(served.status, "", headers, served.body)
+            return True
+        if not response.status:  # pragma: no cover - the hub streams only after start()
             raise RuntimeError("the hub streamed a watch it never started")
-        return starter.response
+        return True
 
     async def serve_list(
         self, request: ListRequest, api_path: ApiPath, query: WatchQuery

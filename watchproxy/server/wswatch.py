@@ -6,9 +6,9 @@ other watch, through a :class:`WebSocketSink`: the same shared lines, the same p
 point, bookmarks, deadline, in-stream 410 and slow-client bounds, only each event goes out as
 one WebSocket message instead of as part of an HTTP chunk.
 
-The connection is taken over as :mod:`watchproxy.server.upgrade` does: the aiohttp protocol's
-payload parser is replaced before the 101 goes out, so every byte the client sends afterwards
-reaches :class:`_ClientControl`, which answers pings and ends the stream on the client's close.
+The connection is taken over as :mod:`watchproxy.server.upgrade` does, before the 101 goes
+out, so every byte the client sends afterwards reaches :class:`_ClientControl`, which answers
+pings and ends the stream on the client's close.
 """
 
 from __future__ import annotations
@@ -16,13 +16,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from typing import Any, cast
-
-from aiohttp import web
-from aiohttp.abc import AbstractStreamWriter
 
 from watchproxy.kube import websocket
-from watchproxy.server.clientgone import started
+from watchproxy.server.protocol import Response
 
 log = logging.getLogger("watchproxy.server")
 
@@ -35,24 +31,24 @@ def encodes_as_text(content_type: str) -> bool:
 
 
 class _ClientControl:
-    """Stands in for the connection's payload parser once the 101 is decided: reads the
-    client's frames, answers a ping with a pong, and a close (or a frame x/net refuses) with
-    a close frame and the end of the connection, as the apiserver does."""
+    """The connection's tunnel once the 101 is decided: reads the client's frames, answers a
+    ping with a pong, and a close (or a frame x/net refuses) with a close frame and the end of
+    the connection, as the apiserver does."""
 
-    def __init__(self, transport: asyncio.Transport) -> None:
-        self._transport = transport
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
         self._frames = websocket.ClientFrames()
 
-    def feed_data(self, data: bytes) -> tuple[bool, bytes]:
-        transport = self._transport
-        if transport.is_closing():
-            return False, b""
+    def feed_data(self, data: bytes) -> None:
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
         try:
             controls = self._frames.feed(data)
         except websocket.ProtocolError:
             transport.write(websocket.close_frame(websocket.CLOSE_PROTOCOL_ERROR))
             transport.close()
-            return False, b""
+            return
         for control in controls:
             if control.opcode == websocket.PING:
                 transport.write(websocket.frame(websocket.PONG, control.payload))
@@ -60,11 +56,14 @@ class _ClientControl:
                 transport.write(websocket.close_frame())
                 transport.close()
                 break
-        return False, b""
+
+    def eof_received(self) -> bool:
+        self.feed_eof()
+        return False  # the stream ends with the client's FIN, as the apiserver's does
 
     def feed_eof(self) -> None:
-        if not self._transport.is_closing():
-            self._transport.close()
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
 
 
 class WebSocketSink:
@@ -74,9 +73,7 @@ class WebSocketSink:
     into one message each, the same bytes for every WebSocket client of the key; ``write_eof``
     is the close frame (status 1000) and the end of the connection."""
 
-    def __init__(
-        self, transport: asyncio.Transport, writer: AbstractStreamWriter, *, binary: bool
-    ) -> None:
+    def __init__(self, transport: asyncio.Transport, writer: Response, *, binary: bool) -> None:
         self._transport = transport
         self._writer = writer
         self._binary = binary
@@ -129,29 +126,18 @@ class WebSocketSink:
 
 class WebSocketStarter:
     """Answers the client's handshake with the 101 when the hub is ready to stream (a refusal
-    before that is a plain HTTP answer, as the apiserver's); keeps the response to return."""
+    before that is a plain HTTP answer, as the apiserver's)."""
 
-    def __init__(self, request: web.Request, handshake: websocket.Handshake) -> None:
-        self._request = request
+    def __init__(self, response: Response, handshake: websocket.Handshake) -> None:
+        self._response = response
         self._handshake = handshake
-        self.response: web.StreamResponse | None = None
 
     async def start(self, content_type: str) -> WebSocketSink:
-        request = self._request
-        transport = request.transport
-        if transport is None or transport.is_closing():
+        response = self._response
+        if response.client_gone():
             raise ConnectionResetError("the watch client has gone")
+        control = _ClientControl()
         # Before the 101: no byte of the client's frames can reach the HTTP parser.
-        # The parser's declared type is aiohttp's WebSocketReader; the connection only calls
-        # feed_data and feed_eof.
-        request.protocol.set_parser(cast(Any, _ClientControl(transport)))
-        response = web.StreamResponse(status=101)
-        for name, value in self._handshake.switching_headers():
-            response.headers[name] = value
-        response.force_close()
-        self.response = response
-        writer = await response.prepare(request)
-        if writer is None:  # pragma: no cover - prepare returns the writer it made
-            raise ConnectionResetError("the watch response was not prepared")
-        started(request, response)
-        return WebSocketSink(transport, writer, binary=not encodes_as_text(content_type))
+        transport = control.transport = response.take_over(control)
+        response.start(101, "Switching Protocols", dict(self._handshake.switching_headers()))
+        return WebSocketSink(transport, response, binary=not encodes_as_text(content_type))

@@ -1,5 +1,5 @@
-"""The API port's fast lane, on real sockets: plain requests answered without aiohttp's server,
-everything else handed to it, on one keep-alive connection, in order."""
+"""The API port's one protocol, on real sockets: every kind of request (one-shot, LIST, watch)
+answered on one keep-alive connection, in order, pipelined or not."""
 
 from __future__ import annotations
 
@@ -63,9 +63,11 @@ def configmap(name: str, **data: str) -> bytes:
     return json.dumps({"metadata": {"name": name}, "data": data}).encode()
 
 
-async def test_plain_and_delegated_requests_share_one_connection_in_order(tmp_path: Any) -> None:
+async def test_one_shot_list_and_watch_requests_share_one_connection_in_order(
+    tmp_path: Any,
+) -> None:
     async with running_proxy(tmp_path) as running:
-        lane = running.proxy.fast_lane
+        lane = running.proxy.api
         assert lane is not None
         conn = await Conn.open(running.proxy.api_port)
         try:
@@ -87,14 +89,14 @@ async def test_plain_and_delegated_requests_share_one_connection_in_order(tmp_pa
             status, _, body = await conn.answer()
             assert status == 200 and json.loads(body)["data"] == {"a": "2"}
             assert lane.served == 3
-            # A watch (aiohttp's), then a GET (ours), on the same connection.
+            # A watch, then a GET, on the same connection.
             conn.send(request("GET", CONFIGMAPS + "?watch=1&timeoutSeconds=1"))
             status, headers, body = await conn.answer()
             assert status == 200 and headers["transfer-encoding"] == "chunked"
             conn.send(request("GET", CONFIGMAPS + "/one"))
             status, _, body = await conn.answer()
             assert status == 200 and json.loads(body)["data"] == {"a": "2"}
-            assert lane.served == 4
+            assert lane.served == 5
         finally:
             conn.close()
 
@@ -105,7 +107,7 @@ async def test_pipelined_requests_are_answered_in_the_order_sent(tmp_path: Any) 
         running.fake.store.create("configmaps", "default", {"metadata": {"name": "b"}})
         conn = await Conn.open(running.proxy.api_port)
         try:
-            # Two plain requests in one write, then one behind a watch (aiohttp's).
+            # Two plain requests in one write, then one behind a watch.
             conn.send(request("GET", CONFIGMAPS + "/a"), request("GET", CONFIGMAPS + "/b"))
             names = [json.loads((await conn.answer())[2])["metadata"]["name"] for _ in "ab"]
             assert names == ["a", "b"]
@@ -119,13 +121,13 @@ async def test_pipelined_requests_are_answered_in_the_order_sent(tmp_path: Any) 
             conn.close()
 
 
-async def test_a_chunked_body_is_aiohttps_and_its_answer_closes_the_connection(
+async def test_a_chunked_body_is_served_and_its_answer_closes_the_connection(
     tmp_path: Any,
 ) -> None:
-    """aiohttp's parser hands a chunked body's trailer fields to the next request on the
-    connection (requesthead.last_on_connection): none is read after it."""
+    """A chunked body's request is the last on its connection: no trailer field can ever
+    become another request's header, whatever the parser does with trailers."""
     async with running_proxy(tmp_path) as running:
-        lane = running.proxy.fast_lane
+        lane = running.proxy.api
         assert lane is not None
         conn = await Conn.open(running.proxy.api_port)
         try:
@@ -139,7 +141,7 @@ async def test_a_chunked_body_is_aiohttps_and_its_answer_closes_the_connection(
             assert status == 201 and json.loads(answer)["metadata"]["name"] == "chunked"
             assert headers.get("connection", "").lower() == "close", headers
             assert await asyncio.wait_for(conn.reader.read(), 5) == b""
-            assert lane.served == 0  # it was aiohttp's
+            assert lane.served == 1
         finally:
             conn.close()
 
@@ -160,14 +162,14 @@ async def test_a_large_answer_is_relayed_whole_at_the_clients_pace(tmp_path: Any
             status, headers, body = await conn.answer()
             assert status == 200 and json.loads(body)["data"]["k"] == big
             assert int(headers.get("content-length", len(body))) == len(body)
-            assert running.proxy.fast_lane is not None and running.proxy.fast_lane.served == 1
+            assert running.proxy.api is not None and running.proxy.api.served == 1
         finally:
             conn.close()
 
 
-async def test_an_unreachable_apiserver_is_a_status_from_the_fast_lane(tmp_path: Any) -> None:
+async def test_an_unreachable_apiserver_is_a_status(tmp_path: Any) -> None:
     async with running_proxy(tmp_path) as running:
-        lane = running.proxy.fast_lane
+        lane = running.proxy.api
         assert lane is not None
         await running.fake.stop()
         conn = await Conn.open(running.proxy.api_port)
@@ -180,8 +182,8 @@ async def test_an_unreachable_apiserver_is_a_status_from_the_fast_lane(tmp_path:
             conn.close()
 
 
-async def test_shutdown_lets_a_fast_lane_request_in_flight_finish(tmp_path: Any) -> None:
-    # A LIST neither the hub nor the batcher answers is a plain pass-through: the fast lane's.
+async def test_shutdown_lets_a_request_in_flight_finish(tmp_path: Any) -> None:
+    # A LIST neither the hub nor the batcher answers is a plain pass-through.
     overrides = {"limits.list_batch_max_bytes": 0, "hub.consistent_list_wait_seconds": 0}
     async with running_proxy(tmp_path, overrides) as running:
         running.fake.store.create("configmaps", "default", {"metadata": {"name": "a"}})
@@ -192,16 +194,14 @@ async def test_shutdown_lets_a_fast_lane_request_in_flight_finish(tmp_path: Any)
             await wait_for(lambda: running.fake.faults.lists_held == 1, what="the LIST upstream")
             stopping = asyncio.create_task(running.proxy.stop())
             await wait_for(
-                lambda: (
-                    running.proxy.fast_lane is not None and running.proxy.fast_lane.handler.draining
-                ),
+                lambda: running.proxy.api is not None and running.proxy.api.draining,
                 what="draining",
             )
             running.fake.faults.hold_lists(False)
             status, headers, body = await conn.answer()
             assert status == 200 and json.loads(body)["items"]
             assert headers.get("connection") == "close"
-            assert running.proxy.fast_lane.served == 1
+            assert running.proxy.api.served == 1
             await stopping
         finally:
             running.fake.faults.hold_lists(False)
@@ -210,7 +210,7 @@ async def test_shutdown_lets_a_fast_lane_request_in_flight_finish(tmp_path: Any)
 
 async def test_a_body_slower_than_the_head_deadline_is_not_a_slow_head(tmp_path: Any) -> None:
     async with running_proxy(tmp_path, {"limits.header_timeout_seconds": 0.3}) as running:
-        lane = running.proxy.fast_lane
+        lane = running.proxy.api
         assert lane is not None
         conn = await Conn.open(running.proxy.api_port)
         try:
@@ -229,11 +229,11 @@ async def test_a_body_slower_than_the_head_deadline_is_not_a_slow_head(tmp_path:
 
 
 async def test_a_remembered_admission_is_never_an_impersonating_requests(tmp_path: Any) -> None:
-    """The fast lane remembers its decision per (method, target, Host): a request that asks to
+    """The route is remembered per (method, target, Host): a request that asks to
     act as someone else is judged afresh (refused by default, nothing sent upstream), and a
     Host that is not allowed is refused though the same target was just served."""
     async with running_proxy(tmp_path) as running:
-        lane = running.proxy.fast_lane
+        lane = running.proxy.api
         assert lane is not None
         conn = await Conn.open(running.proxy.api_port)
         try:
@@ -259,12 +259,13 @@ async def test_a_remembered_admission_is_never_an_impersonating_requests(tmp_pat
 
 
 async def test_one_server_task_serves_a_connection_and_ends_with_it(tmp_path: Any) -> None:
-    """A keep-alive connection's fast-lane requests are served in turn by one task of its own,
+    """A keep-alive connection's requests are served in turn by one task of its own,
     woken for each (not a task per request); it ends when the connection does, and the proxy's
     stop leaves none behind, idle or not."""
     async with running_proxy(tmp_path) as running:
         running.fake.store.create("configmaps", "default", {"metadata": {"name": "a"}})
-        guard = running.proxy.fast_lane.handler.guard
+        guard = running.proxy.guard
+        assert guard is not None
         first, second = (
             await Conn.open(running.proxy.api_port),
             await Conn.open(running.proxy.api_port),
@@ -275,17 +276,15 @@ async def test_one_server_task_serves_a_connection_and_ends_with_it(tmp_path: An
                     conn.send(request("GET", CONFIGMAPS + "/a"))
                     status, _, body = await conn.answer()
                     assert status == 200 and json.loads(body)["metadata"]["name"] == "a"
-            tasks = set(guard.connection_tasks)
-            assert len(tasks) == 2 and not guard.fast_tasks  # one each, both idle now
+            tasks = set(guard.tasks)
+            assert len(tasks) == 2 and not guard.busy  # one each, both idle now
             first.close()
-            await wait_for(lambda: len(guard.connection_tasks) == 1, what="the first's task")
-            assert all(
-                task.done() and not task.cancelled() for task in tasks - guard.connection_tasks
-            )
+            await wait_for(lambda: len(guard.tasks) == 1, what="the first's task")
+            assert all(task.done() and not task.cancelled() for task in tasks - guard.tasks)
             second.send(request("GET", CONFIGMAPS + "/a"))
             assert (await second.answer())[0] == 200
             await running.proxy.stop()
-            assert not guard.connection_tasks and all(task.done() for task in tasks)
+            assert not guard.tasks and all(task.done() for task in tasks)
         finally:
             first.close()
             second.close()
