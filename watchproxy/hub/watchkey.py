@@ -47,7 +47,10 @@ def identity_of(authorization: str | None, forward: bool) -> str:
         return "proxy"
     if not authorization:
         return "anonymous"
-    return "sha256:" + hashlib.sha256(authorization.encode()).hexdigest()[:16]
+    # The digest is of the client's bytes: a header value the server parsed holds obs-text bytes
+    # as surrogate escapes, which a plain encode() refuses (it crashed the request with a 500).
+    raw = authorization.encode("utf-8", "surrogateescape")
+    return "sha256:" + hashlib.sha256(raw).hexdigest()[:16]
 
 
 def _is_decimal(rv: str) -> bool:

@@ -106,8 +106,12 @@ def forwarded_credential(
     """The credential a request carries upstream in forward mode, None in the default mode.
 
     Forward mode passes the client's own ``Authorization``, or "" when it sent none (the
-    request then goes upstream anonymous) — never the proxy's own credential.
+    request then goes upstream anonymous) — never the proxy's own credential. The value is in
+    the upstream encoder's form (``wire_value``), the bytes the client sent: the server's form
+    (surrogate escapes for obs-text) cannot be written as latin-1, and every request that
+    carried such a credential failed with a 400 of ours instead of the apiserver's 401.
     """
     if not forward_identity:
         return None
-    return headers.get("Authorization", "")
+    value = headers.get("Authorization", "")
+    return value if value.isascii() else wire_value(value)

@@ -33,6 +33,7 @@ from watchproxy.errors import ProxyError
 from watchproxy.hub.multiplexer import Headers
 from watchproxy.hub.watchkey import identity_of
 from watchproxy.kube.apipath import ApiPath
+from watchproxy.kube.headers import forwarded_credential
 from watchproxy.kube.requestinfo import selector_name
 from watchproxy.kube.watchquery import WatchQuery
 from watchproxy.metrics import Metrics
@@ -74,7 +75,7 @@ class SharedAccess:
     ) -> web.Response | bool:
         """True: serve the request from shared state. False: pass it through (the apiserver
         answers it). A response: the apiserver's 403 for it, to send as it is."""
-        credential = headers.get("Authorization", "")
+        credential = forwarded_credential(headers, True) or ""
         attributes = attributes_of(verb, api_path, query)
         verdict = await self.authorizer.check(identity_of(credential, True), attributes, credential)
         decision = verdict.decision
