@@ -18,7 +18,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.component.test_fast_lane import Conn, request
+from tests.component.test_http_protocol import Conn, request
 from tests.harness import Running, running_proxy, wait_for
 
 CONFIGMAPS = "/api/v1/namespaces/default/configmaps"
@@ -61,7 +61,7 @@ async def watching(running: Running, session: aiohttp.ClientSession) -> AsyncIte
             await task
 
 
-@pytest.mark.parametrize("connection", ["keep-alive", "close"], ids=["fast-lane", "aiohttp"])
+@pytest.mark.parametrize("connection", ["keep-alive", "close"], ids=["keep-alive", "close"])
 async def test_a_large_list_from_the_cache_is_streamed_as_the_state_it_was_answered_at(
     tmp_path: Any, connection: str
 ) -> None:

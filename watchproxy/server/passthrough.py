@@ -218,7 +218,10 @@ class Forwarder:
             if body is not None:
                 body.release()
         status = upstream.status
-        whole = None if request.method == "HEAD" else upstream.whole_body()
+        # A stream (a watch, logs -f) keeps its chunked framing even when it ended at once (a
+        # watch with a negative timeoutSeconds): the apiserver's answer is chunked, and clients
+        # tell a watch from an error by it. The one upstream client can hand any answer whole.
+        whole = None if request.method == "HEAD" or streaming else upstream.whole_body()
         if whole is not None and status not in _NO_BODY:
             # The whole answer came at once (most one-shot answers do): head and body in one
             # write, with its length.
