@@ -137,8 +137,10 @@ class UpstreamLimiter:
         """
         return Slot(self, max_wait)
 
-    async def _enter(self, max_wait: float | _Default | None) -> float:
-        """:class:`Slot`'s admission: returns once the block may run, holding the slot."""
+    async def admit(self, max_wait: float | _Default | None = _Default.MAX_WAIT) -> float:
+        """:meth:`slot`'s admission without the context manager, for a caller that first tried
+        :meth:`admit_now`: returns the seconds waited once the block may run, holding the slot
+        (the caller calls :meth:`release` when its block ends); raises without holding it."""
         budget = self.default_max_wait if isinstance(max_wait, _Default) else max_wait
         started = self.clock()
         waited = await self._wait_for_gate(started, budget)
@@ -364,7 +366,7 @@ class Slot:
         self._max_wait = max_wait
 
     async def __aenter__(self) -> float:
-        return await self._limiter._enter(self._max_wait)
+        return await self._limiter.admit(self._max_wait)
 
     async def __aexit__(self, *exc_info: object) -> None:
         self._limiter.release()

@@ -243,29 +243,21 @@ class Upstream:
             raise BadRequest(str(error)) from None
         sent = self._clock()  # set again once admitted
         try:
-            if self.limiter.admit_now():  # nothing to wait for: no context manager either
-                try:
-                    sent = self._clock()
-                    response = await pool.request(
-                        data, ssl_context=self._ssl_context(), head_request=method == "HEAD",
-                        connect_timeout=self.config.connect_timeout_seconds,
-                        may_resend=method in IDEMPOTENT and not upgrade, read_timeout=read_timeout,
-                        deadline=deadline, fresh=upgrade,
-                    )  # fmt: skip
-                finally:
-                    self.limiter.release()
-            else:
-                max_wait = self.max_wait if not wait else None
-                async with self.limiter.slot(max_wait=max_wait) as waited:
-                    if waited:
-                        self.metrics.ratelimit_wait.inc(waited)
-                    sent = self._clock()
-                    response = await pool.request(
-                        data, ssl_context=self._ssl_context(), head_request=method == "HEAD",
-                        connect_timeout=self.config.connect_timeout_seconds,
-                        may_resend=method in IDEMPOTENT and not upgrade, read_timeout=read_timeout,
-                        deadline=deadline, fresh=upgrade,
-                    )  # fmt: skip
+            # Nothing to wait for is the common case: admitted at once, without a context manager.
+            if not self.limiter.admit_now():
+                waited = await self.limiter.admit(max_wait=self.max_wait if not wait else None)
+                if waited:
+                    self.metrics.ratelimit_wait.inc(waited)
+            try:
+                sent = self._clock()
+                response = await pool.request(
+                    data, ssl_context=self._ssl_context(), head_request=method == "HEAD",
+                    connect_timeout=self.config.connect_timeout_seconds,
+                    may_resend=method in IDEMPOTENT and not upgrade, read_timeout=read_timeout,
+                    deadline=deadline, fresh=upgrade,
+                )  # fmt: skip
+            finally:
+                self.limiter.release()
         except UpstreamDown:
             raise self._unavailable() from None
         except TooManyRequests:
