@@ -75,6 +75,10 @@ class _ClientBytes:
         self._discarding = True
         self._chunks.clear()
         self._size = 0
+        self._resume()
+
+    def _resume(self) -> None:
+        """Read the client's socket again, if it was paused for a full buffer."""
         transport = self._transport
         if self._paused and transport is not None and not transport.is_closing():
             self._paused = False
@@ -105,10 +109,7 @@ class _ClientBytes:
         data = b"".join(self._chunks)
         self._chunks.clear()
         self._size = 0
-        transport = self._transport
-        if self._paused and transport is not None and not transport.is_closing():
-            self._paused = False
-            transport.resume_reading()
+        self._resume()
         return data
 
 
