@@ -9,6 +9,9 @@ for a SYN_REPLY to each:
 - remote command (``v4.channel.k8s.io`` down to ``channel.k8s.io``): ``error``, ``stdin``,
   ``stdout``, ``stderr``, ``resize``. The command runs once every requested stream is open; the
   server writes a JSON Status to ``error`` (v4) and half-closes its streams when it is done.
+  Commands: ``echo ARGS``, ``cat`` (stdin to stdout), ``seq FIRST LAST`` (its lines, at once;
+  then the connection ends without waiting for the client to close, as the apiserver ends a
+  session it relayed once the kubelet ends it, whatever the client still has to read).
 - port-forward (``portforward.k8s.io``): per forwarded connection an ``error`` and a ``data``
   stream sharing a ``requestid``. The fake's pods answer every port with an echo service.
 
@@ -20,6 +23,7 @@ Flow control (WINDOW_UPDATE) and SETTINGS are accepted and ignored, as spdystrea
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import struct
 from collections.abc import Awaitable, Callable
@@ -183,7 +187,11 @@ def _negotiate(request: web.Request, supported: tuple[str, ...]) -> str:
 
 
 async def _serve_raw(
-    request: web.Request, protocol: str, run: Callable[[SpdySession], Awaitable[None]]
+    request: web.Request,
+    protocol: str,
+    run: Callable[[SpdySession], Awaitable[None]],
+    *,
+    wait_for_client: bool = True,
 ) -> web.StreamResponse:
     response = web.StreamResponse(
         status=101,
@@ -201,7 +209,12 @@ async def _serve_raw(
     # reaches the session (aiohttp would parse it as HTTP: it upgrades only WebSocket itself).
     request.protocol.set_parser(cast(Any, _Feed(session)))
     await response.prepare(request)
-    await _run_session(session, run)
+    if wait_for_client:
+        await _run_session(session, run)
+    else:
+        with contextlib.suppress(TimeoutError):
+            await run(session)
+        transport.close()  # after the bytes written (aiohttp's transport flushes them first)
     return response
 
 
@@ -297,6 +310,10 @@ async def exec_spdy(request: web.Request) -> web.StreamResponse:
         if command and command[0] == "echo":
             if stdout is not None:
                 stdout.write((" ".join(command[1:]) + "\n").encode())
+        elif command and command[0] == "seq" and len(command) == 3:
+            lines = b"".join(b"%d\n" % i for i in range(int(command[1]), int(command[2]) + 1))
+            if stdout is not None:
+                stdout.write(lines)
         elif command and command[0] == "cat":
             stdin = streams.get("stdin")
             while stdin is not None and (data := await stdin.read()):
@@ -311,7 +328,9 @@ async def exec_spdy(request: web.Request) -> web.StreamResponse:
             if name in streams:
                 streams[name].write(b"", fin=True)
 
-    return await _serve_raw(request, protocol, run)
+    return await _serve_raw(
+        request, protocol, run, wait_for_client=not (command and command[0] == "seq")
+    )
 
 
 # -- port-forward ----------------------------------------------------------------------------

@@ -12,6 +12,11 @@ import asyncio
 import contextlib
 import json
 import os
+import socket
+import ssl
+import struct
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -19,6 +24,7 @@ import pytest
 from kubefake.spdy import (
     SYN_REPLY,
     SYN_STREAM,
+    WINDOW_UPDATE,
     ControlFrame,
     DataFrame,
     FrameReader,
@@ -27,10 +33,12 @@ from kubefake.spdy import (
     encode_data,
     syn_stream_payload,
 )
+from kubefake.tls import make_server_tls
 from tests.faultproxy import faulty_upstream
-from tests.harness import wait_for
+from tests.harness import proxy_for_upstream, running_proxy, wait_for
 
 ERROR, STDIN, STDOUT = 1, 3, 5
+CAT_STREAMS = ((ERROR, "error"), (STDIN, "stdin"), (STDOUT, "stdout"))
 
 
 class Refused(Exception):
@@ -50,11 +58,30 @@ class ExecClient:
         self.pending: list[ControlFrame | DataFrame] = []
 
     @classmethod
-    async def open(cls, port: int) -> ExecClient:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    async def open(
+        cls,
+        port: int,
+        command: tuple[str, ...] = ("cat",),
+        kinds: tuple[tuple[int, str], ...] = (
+            (ERROR, "error"),
+            (STDIN, "stdin"),
+            (STDOUT, "stdout"),
+        ),
+        *,
+        receive_buffer: int = 0,
+    ) -> ExecClient:
+        """``receive_buffer``: the socket's SO_RCVBUF, set before it connects (0: the default)."""
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        if receive_buffer:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+        reader, writer = await asyncio.open_connection(sock=sock)
+        query = "&".join(f"command={part}" for part in command)
+        query += "".join(f"&{kind}=true" for _, kind in kinds if kind != "error")
         writer.write(
-            b"POST /api/v1/namespaces/default/pods/shell/exec?command=cat&stdin=true&stdout=true"
-            b" HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\n"
+            f"POST /api/v1/namespaces/default/pods/shell/exec?{query} HTTP/1.1\r\n".encode()
+            + b"Host: 127.0.0.1\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\n"
             b"X-Stream-Protocol-Version: v4.channel.k8s.io\r\n\r\n"
         )
         client = cls(reader, writer)
@@ -70,11 +97,11 @@ class ExecClient:
             raise Refused(head, body)
         assert b"x-stream-protocol-version: v4.channel.k8s.io" in head.lower()
         codec = HeaderCodec()
-        for stream_id, kind in ((ERROR, "error"), (STDIN, "stdin"), (STDOUT, "stdout")):
+        for stream_id, kind in kinds:
             payload = syn_stream_payload(codec, stream_id, {"streamtype": kind})
             writer.write(encode_control(SYN_STREAM, 0, payload))
-        replies = [f for f in await client.read_frames(3) if isinstance(f, ControlFrame)]
-        assert [f.type for f in replies] == [SYN_REPLY] * 3
+        replies = [f for f in await client.read_frames(len(kinds)) if isinstance(f, ControlFrame)]
+        assert [f.type for f in replies] == [SYN_REPLY] * len(kinds)
         return client
 
     async def read_frames(self, count: int) -> list[ControlFrame | DataFrame]:
@@ -185,6 +212,199 @@ async def test_a_client_that_goes_away_closes_its_upstream_connection(tmp_path: 
         assert f.faults.open_links == before + 1
         client.close()
         await wait_for(lambda: f.faults.open_links == before, what="the upstream side to close")
+
+
+async def test_a_slow_reader_gets_the_whole_tail_after_the_apiserver_ended_the_session(
+    tmp_path: Any,
+) -> None:
+    """The apiserver ends a session as soon as the kubelet does, with megabytes still on their
+    way to a client that reads slowly and keeps sending while it reads (spdystream's
+    WINDOW_UPDATEs, client-go's WebSocket pings). The relay must not close its socket to the
+    client while that client is still reading: a byte the client sends to a closed socket
+    makes the kernel answer with a reset, and the reset drops what the relay's kernel still
+    had to send. Found on a real kubelet (tests/realnode/test_streams.py): the tail of a
+    2.9 MB `seq` went missing in about 1 session of 20 (kubectl 1.37: WebSocket 1006, 1.27:
+    exit 0 with the output cut)."""
+    last = 400_000
+    expected = b"".join(b"%d\n" % i for i in range(1, last + 1))  # 2.9 MB, as on the node
+    async with running_proxy(tmp_path) as running:
+        running.fake.store.create(
+            "pods",
+            "default",
+            {"metadata": {"name": "shell"}, "spec": {"containers": [{"name": "c", "image": "x"}]}},
+        )
+        # A small receive buffer: the tail waits in the relay's send queue, not in ours.
+        client = await ExecClient.open(
+            running.proxy.api_port,
+            ("seq", "1", str(last)),
+            ((ERROR, "error"), (STDOUT, "stdout")),
+            receive_buffer=32 * 1024,
+        )
+        got, status, started = bytearray(), b"", time.monotonic()
+        reset: ConnectionError | None = None
+        try:
+            async with asyncio.timeout(60):
+                while True:
+                    try:
+                        data = await client.reader.read(16 * 1024)
+                    except ConnectionResetError as error:
+                        reset = error
+                        break
+                    if not data:
+                        break
+                    for frame in client.frames.feed(data):
+                        if isinstance(frame, DataFrame) and frame.stream_id == STDOUT:
+                            got += frame.data
+                        elif isinstance(frame, DataFrame) and frame.stream_id == ERROR:
+                            status += frame.data
+                    # What a Go client sends while it reads: a window update per read.
+                    update = struct.pack(">II", STDOUT, len(data))
+                    client.writer.write(encode_control(WINDOW_UPDATE, 0, update))
+                    await asyncio.sleep(0.02)  # a slow reader: about 800 kB/s
+        finally:
+            client.close()
+        took = time.monotonic() - started
+        assert reset is None and len(got) == len(expected), (reset, len(got), f"{took:.1f} s")
+        assert bytes(got) == expected
+        assert json.loads(status)["status"] == "Success"
+
+
+class GoLikeApiserver:
+    """An apiserver reduced to how Go's TLS server ends an upgraded connection: every upgrade
+    request is answered with a 101 and ``payload``, then close_notify and the FIN at once,
+    without waiting for anything from the client (the apiserver closes a session's connection
+    as soon as the kubelet ends the session). Every other request gets a 200. Blocking sockets
+    in threads: its writes are done when the kernel has the bytes, whatever the test's loop
+    does."""
+
+    def __init__(self, directory: str, payload: bytes) -> None:
+        self.payload = payload
+        tls = make_server_tls(directory)
+        self.context, self.ca_path = tls.context, tls.ca_path
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(0.1)
+        self.port = self.listener.getsockname()[1]
+        self.stopping = threading.Event()
+        self.threads: list[threading.Thread] = []
+        self.upgrades = 0
+
+    def kubeconfig(self, path: str) -> str:
+        with open(path, "w", encoding="utf-8") as out:
+            json.dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [
+                        {
+                            "name": "go",
+                            "cluster": {
+                                "server": f"https://127.0.0.1:{self.port}",
+                                "certificate-authority": self.ca_path,
+                            },
+                        }
+                    ],
+                    "users": [{"name": "go", "user": {"token": "t"}}],
+                    "contexts": [{"name": "go", "context": {"cluster": "go", "user": "go"}}],
+                    "current-context": "go",
+                },
+                out,
+            )
+        return path
+
+    def _accept(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                raw, _ = self.listener.accept()
+            except TimeoutError:
+                continue
+            thread = threading.Thread(target=self._serve, args=(raw,), daemon=True)
+            self.threads.append(thread)
+            thread.start()
+
+    def _serve(self, raw: socket.socket) -> None:
+        raw.settimeout(10)
+        with contextlib.suppress(OSError), self.context.wrap_socket(raw, server_side=True) as conn:
+            buffered = b""
+            while not self.stopping.is_set():
+                while b"\r\n\r\n" not in buffered:
+                    data = conn.recv(65536)
+                    if not data:
+                        return
+                    buffered += data
+                head, buffered = buffered.split(b"\r\n\r\n", 1)
+                if b"\nupgrade:" not in head.lower():
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                    continue
+                self.upgrades += 1
+                conn.sendall(
+                    b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\n"
+                    b"Upgrade: SPDY/3.1\r\nX-Stream-Protocol-Version: v4.channel.k8s.io\r\n\r\n"
+                    + self.payload
+                )
+                # close_notify without waiting for the client's, then the FIN: Go's Close.
+                conn.setblocking(False)
+                with contextlib.suppress(ssl.SSLError):
+                    conn.unwrap()
+                return
+
+    @contextlib.contextmanager
+    def serving(self) -> Any:
+        accepter = threading.Thread(target=self._accept, daemon=True)
+        accepter.start()
+        try:
+            yield self
+        finally:
+            self.stopping.set()
+            accepter.join(5)
+            for thread in self.threads:
+                thread.join(5)
+            self.listener.close()
+
+
+async def read_slowly(port: int, path: str, *, pace: float) -> tuple[bytes, bytes]:
+    """An upgrade request, then its answer read 16 kB at a time every ``pace`` seconds,
+    through a small receive buffer, to its end: (head, the bytes after it)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32 * 1024)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+    reader, writer = await asyncio.open_connection(sock=sock)
+    try:
+        writer.write(
+            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: Upgrade\r\n".encode()
+            + b"Upgrade: SPDY/3.1\r\nX-Stream-Protocol-Version: v4.channel.k8s.io\r\n\r\n"
+        )
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        got = bytearray()
+        async with asyncio.timeout(60):
+            while data := await reader.read(16 * 1024):
+                got += data
+                await asyncio.sleep(pace)
+        return head, bytes(got)
+    finally:
+        writer.close()
+
+
+async def test_the_apiservers_last_bytes_before_its_fin_reach_a_slow_client(
+    tmp_path: Any,
+) -> None:
+    """The apiserver writes the end of a session, close_notify and its FIN at once while the
+    relay's reading is paused for a slow client: every byte before the FIN reaches the client.
+    uvloop's TLS layer dropped what it had not decrypted yet when the FIN came (up to about
+    200 kB of a 2.9 MB exec output on a real kubelet: tests/realnode/test_streams.py)."""
+    payload = os.urandom(3 * 1024 * 1024)
+    with GoLikeApiserver(str(tmp_path), payload).serving() as apiserver:
+        upstream = apiserver.kubeconfig(os.path.join(tmp_path, "go.kubeconfig"))
+        async with proxy_for_upstream(tmp_path, upstream) as running:
+            for _ in range(2):
+                head, got = await read_slowly(
+                    running.proxy.api_port,
+                    "/api/v1/namespaces/default/pods/shell/exec?command=seq&stdout=true",
+                    pace=0.005,
+                )
+                assert head.startswith(b"HTTP/1.1 101 "), head
+                assert len(got) == len(payload) and got == payload, len(got)
+        assert apiserver.upgrades == 2
 
 
 @pytest.mark.parametrize("fault", ["reset", "blackhole", "truncate"])

@@ -12,6 +12,13 @@ direction: what the apiserver still sends reaches the client, until the apiserve
 session or sends nothing for HALF_CLOSED_IDLE seconds (the FIN may also mean the client is
 gone, and over TLS it cannot be passed on).
 
+When the apiserver ends a session, the client may still have megabytes to read (they wait in
+the relay's write buffer, the kernel's send queue and the client's receive buffer). The relay
+sends its FIN after the last byte and keeps the connection open, reading and dropping what
+the client still sends, until the client closes its side: a socket closed while the peer
+still sends is answered with a reset, and a reset empties the kernel's send queue, so the
+client would lose the tail it had not read yet (see :class:`Linger`).
+
 Taking the client's connection over: a request that asks to switch protocols is the last one
 the connection parses (``server.protocol``); ``Response.take_over`` routes every byte after it
 to the relay, whatever the protocol. It is taken before the 101 is written, so no byte of the
@@ -22,8 +29,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
 import math
+import struct
+import termios
 
 from multidict import CIMultiDict
 
@@ -41,8 +51,14 @@ READ_CHUNK = 1 << 16
 CLIENT_BUFFER = 1 << 16
 # After a client's FIN, the session ends once the apiserver has sent nothing for this long.
 HALF_CLOSED_IDLE = 2.0
-# After the apiserver's end of a session, how long the client may take to close its side.
-LINGER = 2.0
+# After the apiserver's end of a session: the client's connection is closed once the client
+# has made no progress for LINGER_IDLE seconds (none of the bytes still on their way to it was
+# taken, and it sent nothing), and LINGER_LIMIT seconds after the end at the latest.
+LINGER_IDLE = 5.0
+LINGER_LIMIT = 60.0
+# How often a lingering connection's progress is looked at (the kernel's send queue shrinking
+# is no event the loop can wait for).
+LINGER_LOOK = 0.2
 
 
 class _ClientBytes:
@@ -60,6 +76,8 @@ class _ClientBytes:
         self.half_closed = False
         """The client shut down its sending side (FIN) and still reads."""
         self._discarding = False
+        self.discarded = 0
+        """Bytes the client sent after :meth:`discard` (dropped)."""
         self.ended = asyncio.Event()
         """Set at the client's end of stream (its FIN, or the connection's loss)."""
 
@@ -86,6 +104,7 @@ class _ClientBytes:
 
     def feed_data(self, data: bytes) -> None:
         if self._discarding:
+            self.discarded += len(data)
             return
         if data:
             self._chunks.append(data)
@@ -158,19 +177,69 @@ async def _until_upstream_quiet(down: asyncio.Task[None], sent: list[float]) -> 
         await asyncio.wait([down], timeout=min(left, HALF_CLOSED_IDLE))
 
 
+class Linger:
+    """When to close a client's connection after the apiserver ended its session (pure: the
+    clock and the counts are passed in).
+
+    A client still reading a large output may send while it reads (client-go pings its SPDY
+    and WebSocket connections every few seconds; a WebSocket client answers pings). A socket
+    that is closed when such bytes arrive answers them with a reset, and the reset empties the
+    kernel's send queue: the client loses the tail that was still on its way to it. The fixed
+    wait of 2 s for the client's FIN that came before this cut every client that needed longer
+    to read what was queued and sent a byte meanwhile (a reader at 800 kB/s of a 3 MB output
+    got 1.6 MB: tests/component/test_upgrade_faults.py). So the connection stays open while
+    the client makes progress: the bytes still to send shrink, or it sends something. A
+    client that makes none for ``idle`` seconds is stuck or gone; after ``limit`` seconds the
+    connection is closed however slowly the client reads."""
+
+    def __init__(self, now: float, *, idle: float = LINGER_IDLE, limit: float = LINGER_LIMIT):
+        self._idle = idle
+        self._end = now + limit
+        self._progress_at = now
+        self._unsent: int | None = None
+        self._received = 0
+
+    def next_look(self, now: float, unsent: int, received: int) -> float | None:
+        """Seconds until progress is looked at again, or None: close the connection now.
+        ``unsent``: bytes not yet taken by the client (our buffer and the kernel's send queue);
+        ``received``: bytes the client sent since the end, in all."""
+        if self._unsent is None or unsent < self._unsent or received > self._received:
+            self._progress_at = now
+        self._unsent, self._received = unsent, received
+        due = min(self._progress_at + self._idle, self._end)
+        if now >= due:
+            return None
+        return min(LINGER_LOOK, due - now)
+
+
+def unsent_bytes(transport: asyncio.Transport) -> int:
+    """Bytes written to ``transport`` that its peer has not acknowledged yet: its own buffer
+    and, on Linux, the socket's send queue (TIOCOUTQ, the same number as SIOCOUTQ: bytes not
+    sent or not acknowledged)."""
+    unsent = transport.get_write_buffer_size()
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError, ValueError):
+            (queued,) = struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))
+            unsent += queued
+    return unsent
+
+
 async def _close_gracefully(transport: asyncio.Transport, client: _ClientBytes) -> None:
-    """The apiserver ended the session: send the client our FIN after the last bytes, and
-    read (and drop) what it still sends until its own FIN, for at most LINGER seconds.
-    Closing a socket with unread bytes in its receive buffer makes the kernel send a reset
-    instead of a FIN, and a reset makes the client's kernel discard what the client had not
-    read yet: the tail of a large exec output (seen with kubectl 1.27 and 1.37 against a real
-    kubelet)."""
+    """The apiserver ended the session: send the client our FIN after the last bytes, and read
+    (and drop) what it still sends until its own FIN, for as long as :class:`Linger` says."""
     if transport.is_closing() or not transport.can_write_eof():
         return
     client.discard()
     transport.write_eof()
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(client.ended.wait(), LINGER)
+    loop = asyncio.get_running_loop()
+    linger = Linger(loop.time())
+    while not client.ended.is_set():
+        delay = linger.next_look(loop.time(), unsent_bytes(transport), client.discarded)
+        if delay is None:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(client.ended.wait(), delay)
 
 
 class UpgradeRelay:
@@ -183,12 +252,16 @@ class UpgradeRelay:
         self.forward_identity = forward_identity
         self.forward_impersonation = forward_impersonation
         self._sessions: set[asyncio.Task[None]] = set()  # every session's two pumps
+        self._lingering: set[_ClientBytes] = set()  # sessions waiting for their client to close
 
     def close_sessions(self) -> None:
         """At shutdown: end every relayed session now, not after the shutdown grace. Its pumps
-        are cancelled; its handler, which owns both connections, then closes them."""
+        are cancelled, and a session that waits for its client to close stops waiting; its
+        handler, which owns both connections, then closes them."""
         for pump in list(self._sessions):
             pump.cancel()
+        for client in list(self._lingering):
+            client.ended.set()
 
     async def relay(self, request: Request, response: Response) -> None:
         if request.has_body:
@@ -246,7 +319,11 @@ class UpgradeRelay:
                     pump.cancel()
                 outcomes = await asyncio.gather(*pumps, return_exceptions=True)
             if down.done() and not down.cancelled() and down.exception() is None:
-                await _close_gracefully(transport, client)
+                self._lingering.add(client)
+                try:
+                    await _close_gracefully(transport, client)
+                finally:
+                    self._lingering.discard(client)
         finally:
             transport.close()
         for outcome in outcomes:

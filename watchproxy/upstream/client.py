@@ -254,7 +254,7 @@ class Upstream:
                     data, ssl_context=self._ssl_context(), head_request=method == "HEAD",
                     connect_timeout=self.config.connect_timeout_seconds,
                     may_resend=method in IDEMPOTENT and not upgrade, read_timeout=read_timeout,
-                    deadline=deadline, fresh=upgrade,
+                    deadline=deadline, upgrade=upgrade,
                 )  # fmt: skip
             finally:
                 self.limiter.release()

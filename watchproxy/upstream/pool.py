@@ -24,6 +24,7 @@ in order.
 from __future__ import annotations
 
 import asyncio
+import asyncio.sslproto
 import collections
 import contextvars
 import logging
@@ -135,7 +136,7 @@ class ConnectionPool:
         may_resend: bool,
         read_timeout: float | None = None,
         deadline: float | None = None,
-        fresh: bool = False,
+        upgrade: bool = False,
     ) -> UpstreamResponse:
         """Send one request (its encoded head and body) and wait for the head of its answer.
         ``read_timeout``: the longest silence while the answer's body is read (None: none);
@@ -143,8 +144,9 @@ class ConnectionPool:
 
         A reused connection the apiserver closed just as the request went out fails before any
         byte of an answer; ``may_resend`` (an idempotent request) sends it once more on a fresh
-        connection. ``fresh``: never an idle one (an upgrade keeps its connection for as long
-        as its session lasts, and is never sent twice). Raises Broken, DialFailed or UpstreamDown.
+        connection. ``upgrade``: a new connection, never an idle one (an upgrade keeps its
+        connection for as long as its session lasts, and is never sent twice), with the TLS
+        layer of :func:`_dial_byte_stream`. Raises Broken, DialFailed or UpstreamDown.
         """
         if ssl_context is not self._ssl_context:
             # A rotated CA or client certificate: connections made with the old ones are not
@@ -156,9 +158,9 @@ class ConnectionPool:
             loop = self._loop = asyncio.get_running_loop()
         expires = None if deadline is None else loop.time() + deadline
         for attempt in range(2):
-            connection = None if fresh else self._take_idle()
+            connection = None if upgrade else self._take_idle()
             if connection is None:
-                connection = await self._dial(ssl_context, connect_timeout)
+                connection = await self._dial(ssl_context, connect_timeout, byte_stream=upgrade)
             try:
                 head = await _exchange(connection, data, head_request, expires)
             except Broken as broken:
@@ -211,7 +213,9 @@ class ConnectionPool:
         while self._idle:
             self._idle.pop().close()
 
-    async def _dial(self, ssl_context: ssl.SSLContext | None, connect_timeout: float) -> Connection:
+    async def _dial(
+        self, ssl_context: ssl.SSLContext | None, connect_timeout: float, *, byte_stream: bool
+    ) -> Connection:
         """One new connection, under the lock; the loop creates the socket itself."""
         async with self._dialing:
             if self._is_down() and not PROBING.get():
@@ -222,9 +226,14 @@ class ConnectionPool:
             loop = asyncio.get_running_loop()
             try:
                 async with asyncio.timeout(connect_timeout):
-                    await loop.create_connection(
-                        lambda: connection, self._host, self._port, ssl=ssl_context
-                    )
+                    if byte_stream and ssl_context is not None:
+                        await _dial_byte_stream(
+                            loop, connection, self._host, self._port, ssl_context
+                        )
+                    else:
+                        await loop.create_connection(
+                            lambda: connection, self._host, self._port, ssl=ssl_context
+                        )
             except RuntimeError as error:
                 if REUSED_DESCRIPTOR in str(error):
                     self._on_reused_descriptor()
@@ -243,6 +252,39 @@ class ConnectionPool:
             # Recorded before the next dial may start (still holding the lock).
             self._on_failure(failure)
             raise failure
+
+
+async def _dial_byte_stream(
+    loop: asyncio.AbstractEventLoop,
+    connection: Connection,
+    host: str,
+    port: int,
+    ssl_context: ssl.SSLContext,
+) -> None:
+    """A TLS connection for an upgrade, with asyncio's own TLS layer (``asyncio.sslproto``)
+    over the loop's TCP transport instead of uvloop's.
+
+    uvloop 0.23's TLS layer, when the TCP FIN arrives while its reading is paused (the reader
+    is behind: an exec session's output to a slow client), drops the bytes it has received but
+    not yet decrypted and reports a clean end (``uvloop/sslproto.pyx``, ``eof_received``; an
+    open pull request, MagicStack/uvloop#661, proposes to read them first). The apiserver, like
+    any Go server, sends its last bytes, close_notify and its FIN at once when the kubelet ends a
+    session, so through watchproxy the tail of a large exec output went missing, up to the
+    layer's read buffer (about 200 kB of 2.9 MB, 1 session in 5 to 20; kubectl 1.27 then exits
+    0 with the output cut, kubectl 1.37 sees WebSocket close 1006). asyncio's layer keeps a FIN
+    that comes while it is paused until its reader resumes, then hands over every byte that
+    came before it. Only upgrades dial this way: their answer ends with the connection's
+    close, and they are few; every other answer ends in its own framing."""
+    waiter: asyncio.Future[None] = loop.create_future()
+    layer = asyncio.sslproto.SSLProtocol(
+        loop, connection, ssl_context, waiter, server_side=False, server_hostname=host
+    )
+    transport, _ = await loop.create_connection(lambda: layer, host, port)
+    try:
+        await waiter  # the handshake
+    except BaseException:
+        transport.abort()
+        raise
 
 
 async def _exchange(
