@@ -277,8 +277,11 @@ class GoLikeApiserver:
     in threads: its writes are done when the kernel has the bytes, whatever the test's loop
     does."""
 
-    def __init__(self, directory: str, payload: bytes) -> None:
+    def __init__(self, directory: str, payload: bytes, *, hold: bool = False) -> None:
+        """``hold``: after ``payload``, keep the session open and silent, whatever the client
+        sends (its close_notify too), until the server stops."""
         self.payload = payload
+        self.hold = hold
         tls = make_server_tls(directory)
         self.context, self.ca_path = tls.context, tls.ca_path
         self.listener = socket.create_server(("127.0.0.1", 0))
@@ -341,6 +344,8 @@ class GoLikeApiserver:
                     b"Upgrade: SPDY/3.1\r\nX-Stream-Protocol-Version: v4.channel.k8s.io\r\n\r\n"
                     + self.payload
                 )
+                if self.hold:
+                    self.stopping.wait()
                 # close_notify without waiting for the client's, then the FIN: Go's Close.
                 conn.setblocking(False)
                 with contextlib.suppress(ssl.SSLError):
@@ -359,6 +364,20 @@ class GoLikeApiserver:
             for thread in self.threads:
                 thread.join(5)
             self.listener.close()
+
+
+def sockets_to(port: int) -> int:
+    """This process's open sockets whose peer is 127.0.0.1:``port`` (from /proc)."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    with open("/proc/net/tcp", encoding="ascii") as table:
+        rows = [line.split() for line in table.readlines()[1:]]
+    peer = f"0100007F:{port:04X}"
+    return sum(1 for row in rows if row[2] == peer and row[9] in inodes)
 
 
 async def read_slowly(port: int, path: str, *, pace: float) -> tuple[bytes, bytes]:
@@ -405,6 +424,35 @@ async def test_the_apiservers_last_bytes_before_its_fin_reach_a_slow_client(
                 assert head.startswith(b"HTTP/1.1 101 "), head
                 assert len(got) == len(payload) and got == payload, len(got)
         assert apiserver.upgrades == 2
+
+
+async def test_a_proxy_stopping_while_a_session_closes_leaves_no_connection_open(
+    tmp_path: Any,
+) -> None:
+    """The client leaves a session whose apiserver does not answer close_notify (a port-forward
+    session), and the proxy stops while the relay waits for that answer: the upstream
+    connection is dropped, not left open past the proxy's stop (to the loop's end: a
+    ResourceWarning, and uvloop then fails to close the loop). Found on a real kubelet:
+    tests/realnode/test_streams.py's port-forward tests."""
+    apiserver = GoLikeApiserver(str(tmp_path), os.urandom(256 * 1024), hold=True)
+    overrides = {"limits.shutdown_grace_seconds": 1}
+    with apiserver.serving():
+        upstream = apiserver.kubeconfig(os.path.join(tmp_path, "go.kubeconfig"))
+        async with proxy_for_upstream(tmp_path, upstream, overrides) as running:
+            reader, writer = await asyncio.open_connection("127.0.0.1", running.proxy.api_port)
+            writer.write(
+                b"POST /api/v1/namespaces/default/pods/web/portforward HTTP/1.1\r\n"
+                b"Host: 127.0.0.1\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\n"
+                b"X-Stream-Protocol-Version: portforward.k8s.io\r\n\r\n"
+            )
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            assert head.startswith(b"HTTP/1.1 101 "), head
+            await reader.readexactly(256 * 1024)
+            assert sockets_to(apiserver.port) >= 1
+            writer.close()
+            await writer.wait_closed()
+        # The proxy stopped: none of its sockets is connected to the apiserver any more.
+        assert sockets_to(apiserver.port) == 0
 
 
 @pytest.mark.parametrize("fault", ["reset", "blackhole", "truncate"])

@@ -151,15 +151,22 @@ class UpstreamResponse:
         owner calls once its session ends."""
         connection, stream = self._connection, self._stream
         self.cut()
+        closed = False
         try:
             async with asyncio.timeout(CLOSE_WAIT_SECONDS):
                 if stream is not None:
                     await stream.wait_closed()
                 elif connection is not None:
                     await connection.closed
+            closed = True
         except (TimeoutError, OSError, ssl.SSLError):
-            # The peer never finished the TLS shutdown: nothing more can arrive; drop it.
-            if stream is not None:
-                stream.transport.abort()
-            elif connection is not None:
-                connection.abort()
+            pass
+        finally:
+            # The peer never finished the TLS shutdown, or the owner was cancelled meanwhile
+            # (a proxy stopping): nothing more is wanted from it; drop it, or the connection
+            # would outlive the loop that owns it.
+            if not closed:
+                if stream is not None:
+                    stream.transport.abort()
+                elif connection is not None:
+                    connection.abort()
