@@ -24,6 +24,7 @@ import (
 	_ "k8s.io/component-base/metrics/prometheus/clientgo"
 	_ "k8s.io/component-base/metrics/prometheus/version"
 	controllermanager "k8s.io/kubernetes/cmd/kube-controller-manager/app"
+	proxy "k8s.io/kubernetes/cmd/kube-proxy/app"
 	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
 	kubelet "k8s.io/kubernetes/cmd/kubelet/app"
 )
@@ -33,9 +34,10 @@ func main() {
 		"kubelet":                 func() *cobra.Command { return kubelet.NewKubeletCommand(context.Background()) },
 		"kube-controller-manager": controllermanager.NewControllerManagerCommand,
 		"kube-scheduler":          func() *cobra.Command { return scheduler.NewSchedulerCommand() },
+		"kube-proxy":              proxy.NewProxyCommand,
 	}
 	if len(os.Args) < 2 || commands[os.Args[1]] == nil {
-		fmt.Fprintln(os.Stderr, "usage: kubenode kubelet|kube-controller-manager|kube-scheduler [flags]")
+		fmt.Fprintln(os.Stderr, "usage: kubenode kubelet|kube-controller-manager|kube-scheduler|kube-proxy [flags]")
 		os.Exit(2)
 	}
 	command := commands[os.Args[1]]()
