@@ -110,8 +110,9 @@ def proxies(node: Node) -> Iterator[dict[str, Proxy]]:
             (pod,) = cluster.get("pods", "-n", SYSTEM, "-l", selector)["items"]
             service = cluster.get("service", "-n", SYSTEM, release)
             assert pod["spec"]["nodeName"] == NODE_NAME
-            # Ready is not yet reachable: the EndpointSlice controller and kube-proxy's next
-            # sync follow (a tenant connecting in between would be refused: "no endpoints").
+            # Ready is not yet reachable by the Service: the EndpointSlice controller and
+            # kube-proxy's next sync follow (a tenant connecting in between is refused:
+            # kube-proxy rejects a Service with no endpoints).
             node.wait_service_routing(f"{SYSTEM}/{release}:api", timeout=30)
             found[release] = Proxy(
                 release, pod["metadata"]["name"], pod["status"]["podIP"],
@@ -143,22 +144,33 @@ def shared_watches(cluster: Cluster, proxy: Proxy, path: str) -> list[dict[str, 
     return [w for w in watches if w["key"]["path"] == path]
 
 
-def tenant_namespace(cluster: Cluster, tmp_path: Path, kubeconfig_args: list[str]) -> str:
-    """A namespace admitted by the chart's NetworkPolicy, with the tenant kubeconfig that
-    ``watchproxy kubeconfig`` writes in the ConfigMap the docs name."""
-    namespace = f"nl-{secrets.token_hex(3)}"
-    cluster.create_namespace(namespace)
-    cluster.kubectl("label", "namespace", namespace, "watchproxy-client=true")
-    kubeconfig = subprocess.run(
-        [str(REPO / ".venv" / "bin" / "watchproxy"), "kubeconfig", *kubeconfig_args],
-        capture_output=True, text=True, timeout=30, check=True,
-    ).stdout  # fmt: skip
-    (tmp_path / "config").write_text(kubeconfig, encoding="utf-8")
-    cluster.kubectl(
-        "create", "configmap", "watchproxy-kubeconfig", "-n", namespace,
-        f"--from-file=config={tmp_path / 'config'}",
-    )  # fmt: skip
-    return namespace
+@pytest.fixture
+def tenant_namespace(node: Node, tmp_path: Path) -> Iterator[Callable[[list[str]], str]]:
+    """Makes a namespace admitted by the chart's NetworkPolicy, with the tenant kubeconfig that
+    ``watchproxy kubeconfig <args>`` writes in the ConfigMap the docs name; deletes it after
+    the test (its tenants would otherwise go on watching while later tests run)."""
+    cluster = Cluster(node)
+    made: list[str] = []
+
+    def make(kubeconfig_args: list[str]) -> str:
+        namespace = f"nl-{secrets.token_hex(3)}"
+        made.append(namespace)
+        cluster.create_namespace(namespace)
+        cluster.kubectl("label", "namespace", namespace, "watchproxy-client=true")
+        kubeconfig = subprocess.run(
+            [str(REPO / ".venv" / "bin" / "watchproxy"), "kubeconfig", *kubeconfig_args],
+            capture_output=True, text=True, timeout=30, check=True,
+        ).stdout  # fmt: skip
+        (tmp_path / "config").write_text(kubeconfig, encoding="utf-8")
+        cluster.kubectl(
+            "create", "configmap", "watchproxy-kubeconfig", "-n", namespace,
+            f"--from-file=config={tmp_path / 'config'}",
+        )  # fmt: skip
+        return namespace
+
+    yield make
+    for namespace in made:
+        cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
 
 
 WATCH_SCRIPT = (
@@ -238,14 +250,14 @@ def await_event(cluster: Cluster, namespace: str, pod: str, name: str, rv: str) 
 
 
 def test_tenants_reach_the_daemonset_by_its_service_and_share_one_upstream_watch(
-    node: Node, proxies: dict[str, Proxy], tmp_path: Path
+    node: Node, proxies: dict[str, Proxy], tenant_namespace: Callable[[list[str]], str]
 ) -> None:
     cluster = Cluster(node)
     proxy = proxies["watchproxy"]
     # The ClusterIP is no address of the node's: a connection to it goes anywhere only
     # through kube-proxy's DNAT, here to the one local endpoint (internalTrafficPolicy: Local
     # gives the Service a chain of local endpoints only).
-    assert proxy.cluster_ip not in run(["ip", "-n", node.name, "-o", "addr"])
+    assert f"inet {proxy.cluster_ip}/" not in run(["ip", "-n", node.name, "-o", "addr"])
     assert (
         cluster.get("service", "-n", SYSTEM, proxy.release)["spec"]["internalTrafficPolicy"]
         == "Local"
@@ -257,7 +269,7 @@ def test_tenants_reach_the_daemonset_by_its_service_and_share_one_upstream_watch
     assert local_chain, nat
     assert f"--to-destination {proxy.pod_ip}:8001" in nat
 
-    namespace = tenant_namespace(cluster, tmp_path, ["--server", proxy.server])
+    namespace = tenant_namespace(["--server", proxy.server])
     cluster.apply([tenant("tenant-a", proxy), tenant("tenant-b", proxy)], namespace)
     wait_ready(cluster, namespace, "tenant-a", "tenant-b")
     cluster.kubectl("create", "configmap", "shared", "-n", namespace)
@@ -443,13 +455,11 @@ def apiserver_answer(node: Node, path: str, user: str) -> tuple[int, Any]:
 
 
 def test_forward_identity_forwards_each_tenants_own_token_and_shares_nothing_across_them(
-    node: Node, proxies: dict[str, Proxy], tmp_path: Path
+    node: Node, proxies: dict[str, Proxy], tenant_namespace: Callable[[list[str]], str]
 ) -> None:
     cluster = Cluster(node)
     proxy = proxies["watchproxy-forward"]
-    namespace = tenant_namespace(
-        cluster, tmp_path, ["--server", proxy.server, "--token-file", TOKEN_FILE]
-    )
+    namespace = tenant_namespace(["--server", proxy.server, "--token-file", TOKEN_FILE])
     # ServiceAccount "app" may read configmaps here (Cluster.create_namespace); "stranger" has
     # no binding at all. The proxy's own ServiceAccount has none either (rbac.create=false).
     cluster.kubectl("create", "serviceaccount", "stranger", "-n", namespace)
