@@ -424,6 +424,11 @@ class Node:
             # lease reconciler publishes the node IP as the `kubernetes` Service's endpoint,
             # which kube-proxy's rules send the Service IP to.
             "--endpoint-reconciler-type=lease",
+            # The apiserver's record of who listed and watched configmaps, as whom (the
+            # ServiceAccount token's pod in the user's extra): what a proxy in front of it
+            # really sent upstream.
+            f"--audit-policy-file={self._audit_policy()}",
+            f"--audit-log-path={self.audit_log}",
         ]
         apiserver = self._spawn(
             "kubetestenv",
@@ -464,6 +469,39 @@ class Node:
         self.port = int(port_file.read_text())
         self._await_file(apiserver, ready)
         write_kubeconfig(Path(self.admin_kubeconfig), self.url, self.ca_file, creds.admin_token)
+
+    @property
+    def audit_log(self) -> Path:
+        return self.run_dir / "audit.log"
+
+    def _audit_policy(self) -> Path:
+        policy = {
+            "apiVersion": "audit.k8s.io/v1",
+            "kind": "Policy",
+            "omitStages": ["RequestReceived"],
+            "rules": [
+                {
+                    "level": "Metadata",
+                    "verbs": ["list", "watch"],
+                    "resources": [{"group": "", "resources": ["configmaps"]}],
+                },
+                {"level": "None"},
+            ],
+        }
+        path = self.run_dir / "audit-policy.yaml"
+        path.write_text(json.dumps(policy), encoding="utf-8")
+        return path
+
+    def audit_events(self, namespace: str) -> list[dict[str, Any]]:
+        """The apiserver's audit events (JSON lines, written before it answers) of configmap
+        lists and watches in ``namespace``, oldest first."""
+        events = []
+        with open(self.audit_log, encoding="utf-8") as log:
+            for line in log:
+                event = json.loads(line)
+                if event.get("objectRef", {}).get("namespace") == namespace:
+                    events.append(event)
+        return events
 
     def _inside_kubeconfig(self, name: str, token: str) -> Path:
         """A kubeconfig for the daemons inside the namespace: the apiserver on its loopback."""

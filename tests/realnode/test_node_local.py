@@ -249,6 +249,22 @@ def await_event(cluster: Cluster, namespace: str, pod: str, name: str, rv: str) 
     await_line(cluster, namespace, pod, lambda line: line.split() == [name, rv])
 
 
+def upstream_watches(node: Node, namespace: str) -> list[tuple[str, str]]:
+    """Which ServiceAccounts watched configmaps in ``namespace`` at the apiserver, by its audit
+    log: (user, the pod its token was bound to). The kubelet's watches of the ConfigMaps its
+    pods mount and the tests' own (kubectl wait, as the admin) are not ServiceAccounts'."""
+    found = []
+    for event in node.audit_events(namespace):
+        user = event["user"]
+        if event["verb"] != "watch" or event["stage"] != "ResponseStarted":
+            continue
+        if not user["username"].startswith("system:serviceaccount:"):
+            continue
+        (pod,) = user["extra"]["authentication.kubernetes.io/pod-name"]
+        found.append((user["username"], pod))
+    return sorted(found)
+
+
 def test_tenants_reach_the_daemonset_by_its_service_and_share_one_upstream_watch(
     node: Node, proxies: dict[str, Proxy], tenant_namespace: Callable[[list[str]], str]
 ) -> None:
@@ -294,6 +310,10 @@ def test_tenants_reach_the_daemonset_by_its_service_and_share_one_upstream_watch
     assert watch["key"]["identity"] == "proxy"
     # Upstream: its one LIST and its one WATCH, never opened again.
     assert (watch["upstreamAttempts"], watch["relists"]) == (2, 0)
+    # The apiserver's record agrees: one watch of the tenants' configmaps, as the proxy's
+    # ServiceAccount with its pod's token (the tenants have none in this mode).
+    account = f"system:serviceaccount:{SYSTEM}:watchproxy"
+    assert upstream_watches(node, namespace) == [(account, proxy.pod)]
     status = cluster.kubectl(
         "exec", "-n", SYSTEM, proxy.pod, "--", "cat", "/proc/1/status"
     ).stdout.decode()
@@ -494,6 +514,10 @@ def test_forward_identity_forwards_each_tenants_own_token_and_shares_nothing_acr
     watches = shared_watches(cluster, proxy, f"/api/v1/namespaces/{namespace}/configmaps")
     assert sorted(w["key"]["identity"] for w in watches) == sorted(digests.values())
     assert [w["subscribers"] for w in watches] == [1, 1]
+    # And at the apiserver: two watches, each authenticated as the reader's ServiceAccount by
+    # the token the kubelet bound to that reader's pod.
+    reader = f"system:serviceaccount:{namespace}:app"
+    assert upstream_watches(node, namespace) == [(reader, "reader-1"), (reader, "reader-2")]
 
     # The stranger's own token went upstream: the apiserver's 403 for that ServiceAccount,
     # the same Status the apiserver gives it directly; for the watch, the hub asked the
@@ -513,6 +537,15 @@ def test_forward_identity_forwards_each_tenants_own_token_and_shares_nothing_acr
     assert answers["WATCH"][1]["reason"] == "Forbidden"
     assert f'User "{user}" cannot watch resource "configmaps"' in answers["WATCH"][1]["message"]
     assert len(shared_watches(cluster, proxy, path)) == 2
+    # The apiserver saw the stranger's own token once: its LIST, refused. Its watch never went
+    # upstream (the review refused it first), and no reader's watch was opened for it.
+    strangers = [
+        (event["verb"], event["responseStatus"]["code"])
+        for event in node.audit_events(namespace)
+        if event["user"]["username"] == user
+    ]
+    assert strangers == [("list", 403)]
+    assert upstream_watches(node, namespace) == [(reader, "reader-1"), (reader, "reader-2")]
 
     # kubectl (client-go) reads the same kubeconfig but sends no credential to an http://
     # server (clientcmd reads a user's credentials only for TLS): through forward mode it acts
