@@ -16,7 +16,9 @@ namespace, ``wprn<pid>``, holds a bridge with the node IP (10.88.0.1/24, the pod
 the pods' veths (the CNI bridge plugin, run by containerd inside the namespace), every daemon's
 sockets and kube-proxy's iptables rules (iptables mode; Debian's ``iptables``, its nf_tables
 backend). ClusterIPs are on no interface: a pod's connection to one, the ``kubernetes``
-Service's 10.0.0.1 included, is DNATed by kube-proxy's rules to an endpoint, as in a cluster.
+Service's 10.0.0.1 included, is DNATed by kube-proxy's rules to an endpoint, as in a cluster
+(the Service range is routed to the bridge, so what is not DNATed meets kube-proxy's filter
+rules, as on a node with a default route).
 The apiserver listens on port 443 of the namespace and advertises the node IP, whose lease
 endpoint reconciler publishes it as the ``kubernetes`` Service's endpoint; the kubelet and the
 controllers reach it on the namespace's loopback. The machine's own interfaces get nothing.
@@ -58,6 +60,8 @@ NODE_NAME = "realnode"
 BRIDGE = "wprn0"
 NODE_IP = "10.88.0.1"
 POD_SUBNET = "10.88.0.0/24"
+SERVICE_CIDR = "10.0.0.0/24"
+"""kubetestenv's ``--service-cluster-ip-range``."""
 SERVICE_IP = "10.0.0.1"
 """The ``kubernetes`` Service's ClusterIP: the first of kubetestenv's 10.0.0.0/24."""
 APISERVER_PORT = 443
@@ -342,6 +346,11 @@ class Node:
         run([*ns, "link", "add", BRIDGE, "type", "bridge"])
         run([*ns, "addr", "add", f"{NODE_IP}/24", "dev", BRIDGE])
         run([*ns, "link", "set", BRIDGE, "up"])
+        # A node's default route would take a ClusterIP packet that kube-proxy did not DNAT
+        # (a Service with no endpoints, or none local) on to its FORWARD chain, where
+        # kube-proxy's filter rules reject or drop it; this namespace has no default route, so
+        # the Service range gets one to the bridge, where no address answers for it.
+        run([*ns, "route", "add", SERVICE_CIDR, "dev", BRIDGE])
 
     def _mount_namespace(self) -> None:
         for path in map(Path, FIXED_PATHS):
