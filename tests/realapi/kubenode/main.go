@@ -1,14 +1,15 @@
 // kubenode: the node half of a single-node Kubernetes for the realnode test tier
-// (tests/realnode): kubelet, kube-controller-manager and kube-scheduler of the same release as
-// kubetestenv (the control plane's apiserver + etcd), in one program, chosen by its first
-// argument:
+// (tests/realnode): kubelet, kube-controller-manager, kube-scheduler and kube-proxy of the same
+// release as kubetestenv (the control plane's apiserver + etcd), in one program, chosen by its
+// first argument:
 //
 //	kubenode kubelet --config=...
 //	kubenode kube-controller-manager --kubeconfig=...
 //	kubenode kube-scheduler --kubeconfig=...
+//	kubenode kube-proxy --config=...
 //
-// One program rather than three: on two cores each link of a binary this size takes a minute,
-// and the three share nearly all of their packages (as hyperkube did until Kubernetes 1.19).
+// One program rather than four: on two cores each link of a binary this size takes a minute,
+// and the four share nearly all of their packages (as hyperkube did until Kubernetes 1.19).
 // It lives in kubetestenv's module so that the two builds share go.mod's pinned versions and
 // Go's build cache.
 package main
