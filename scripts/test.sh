@@ -36,14 +36,15 @@ fi
 took "the real apiserver (kubetestenv)"
 # The real-node tier (tests/realnode): a single-node Kubernetes 1.37 inside a network namespace
 # of its own, where watchproxy runs in pods as users deploy it. As root, Debian's containerd,
-# runc and CNI plugins (and buildah, podman and mmdebstrap for the images) are installed when
-# missing; tests/realnode/build.sh builds the kubelet and controllers (kubenode, in
-# kubetestenv's module: about 4 minutes cold after kube-apiserver's build) and the images (about
-# 4 minutes cold, cached by content). In CI (CI=true) a failure here fails the run; elsewhere
-# the tier is skipped and says why.
-realnode_packages="containerd runc containernetworking-plugins buildah podman mmdebstrap"
+# runc, CNI plugins and iptables (kube-proxy's; and buildah, podman and mmdebstrap for the
+# images) are installed when missing; tests/realnode/build.sh builds the kubelet, controllers
+# and kube-proxy (kubenode, in kubetestenv's module: about 4 minutes cold after kube-apiserver's
+# build) and the images (about 4 minutes cold, cached by content). In CI (CI=true) a failure
+# here fails the run; elsewhere the tier is skipped and says why.
+realnode_packages="containerd runc containernetworking-plugins iptables buildah podman mmdebstrap"
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
     && ! { command -v containerd && command -v runc && [ -x /usr/lib/cni/bridge ] \
+        && command -v iptables-restore \
         && command -v buildah && command -v podman && command -v mmdebstrap; } >/dev/null 2>&1; then
     echo "installing Debian's $realnode_packages (the real-node tier runs on them)" >&2
     # shellcheck disable=SC2086

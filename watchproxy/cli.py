@@ -77,6 +77,11 @@ def parser() -> argparse.ArgumentParser:
     kubeconfig.add_argument("--listen-port", type=int, default=None)
     kubeconfig.add_argument("--namespace", default=None)
     kubeconfig.add_argument("--context-name", default="watchproxy")
+    kubeconfig.add_argument(
+        "--token-file",
+        default=None,
+        help="security.identity: forward only: the client's own token file (absolute path)",
+    )
     inject = sub.add_parser("inject", help="add the watchproxy sidecar to workload manifests")
     inject.add_argument("-f", "--filename", required=True, help="YAML or JSON file, - for stdin")
     inject.add_argument("--image", default=None, help="sidecar image (default: watchproxy:VERSION)")
@@ -263,6 +268,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.server or f"http://127.0.0.1:{port}",
                 namespace=args.namespace,
                 context_name=args.context_name,
+                token_file=args.token_file,
             )
         except ValueError as error:
             print(f"watchproxy kubeconfig: {error}", file=sys.stderr)

@@ -15,6 +15,9 @@ import yaml
 
 BIN = Path(sys.executable).parent
 DEMO = [sys.executable, "-m", "kubefake.demo"]
+# The installed scripts import the package from where PYTHONPATH says (a git worktree), as the
+# tests themselves do, and not from where it was installed in editable mode.
+SOURCE = {"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {}
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -30,7 +33,7 @@ def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
         capture_output=True,
         text=True,
         timeout=30,
-        env={"PATH": f"{BIN}:/usr/bin:/bin", "HOME": "/nonexistent", **(env or {})},
+        env={"PATH": f"{BIN}:/usr/bin:/bin", "HOME": "/nonexistent", **SOURCE, **(env or {})},
     )
 
 
@@ -126,10 +129,26 @@ def test_bad_port_flags(args: list[str], expected: str) -> None:
             "watchproxy kubeconfig: namespace 'Not_A_Namespace' is not a valid Kubernetes "
             "namespace name",
         ),
+        (
+            ["--token-file", "token"],
+            "watchproxy kubeconfig: token file 'token' must be an absolute path",
+        ),
     ],
 )
 def test_kubeconfig_command_bad_values(args: list[str], expected: str) -> None:
     assert one_line_exit_2(run("watchproxy", "kubeconfig", *args)) == expected
+
+
+def test_kubeconfig_command_writes_a_token_file_user_for_forward_identity() -> None:
+    """A node-local tenant under ``security.identity: forward`` presents its own token
+    (docs/deploying.md): the kubeconfig's user reads the pod's ServiceAccount token file."""
+    token = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    server = "http://watchproxy.watchproxy-system.svc:8001"
+    result = run("watchproxy", "kubeconfig", "--server", server, "--token-file", token)
+    assert result.returncode == 0, result.stderr
+    document = yaml.safe_load(result.stdout)
+    assert document["users"] == [{"name": "watchproxy", "user": {"tokenFile": token}}]
+    assert document["clusters"][0]["cluster"] == {"server": server}
 
 
 def test_port_in_use_names_the_port(tmp_path: Path, busy_port: int) -> None:

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Build what the real-node tier (tests/realnode) needs, outside pytest (scripts/test.sh runs it):
 #
-# - tests/realnode/bin/kubenode-<minor>: kubelet, kube-controller-manager and kube-scheduler in
-#   one program (tests/realapi/kubenode), built in kubetestenv's module (tests/realapi/go.mod),
-#   so that its Kubernetes packages come out of the build cache kubetestenv's build filled:
-#   cold, about 4 minutes more on two cores after kube-apiserver's build; warm, the link only.
+# - tests/realnode/bin/kubenode-<minor>: kubelet, kube-controller-manager, kube-scheduler and
+#   kube-proxy in one program (tests/realapi/kubenode), built in kubetestenv's module
+#   (tests/realapi/go.mod), so that its Kubernetes packages come out of the build cache
+#   kubetestenv's build filled: cold, about 4 minutes more on two cores after kube-apiserver's
+#   build (kube-proxy's own packages add about 30 s to it); warm, nothing (the binary is up to
+#   date) or the link only.
 # - the container images, as OCI archives cached by content (python -m tests.realnode.images):
 #   watchproxy's (scripts/image.sh: buildah, podman, mmdebstrap; pip installs from PyPI) and
 #   the tests' app image (the same Debian base plus kubectl 1.37).

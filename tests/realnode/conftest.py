@@ -68,6 +68,8 @@ def node(tmp_path_factory: pytest.TempPathFactory, node_baseline: set[str]) -> I
     began = time.monotonic()
     with running_node(tmp_path_factory.mktemp("realnode"), images.archives()) as started:
         Cluster(started).wait_node_ready(timeout=90)
+        # Pods reach the apiserver by the `kubernetes` Service, through kube-proxy's rules.
+        started.wait_service_routing(timeout=60)
         started.check_alive()
         MEASURED.update({f"node start: {k} (s)": v for k, v in started.timings.items()})
         MEASURED["node start: node Ready (s)"] = round(time.monotonic() - began, 1)

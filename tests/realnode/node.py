@@ -6,18 +6,22 @@ The rig (:class:`Node`) runs, all as root on this machine:
   namespace, with credentials written beforehand (:mod:`tests.realnode.pki`): a static token
   for ``system:node:<name>``, a client certificate for the apiserver's calls to the kubelet;
 - containerd (Debian's, CRI plugin, runc, ``restrict_oom_score_adj``), the kubelet,
-  kube-controller-manager and kube-scheduler (``kubenode``, built by tests/realnode/build.sh
-  in kubetestenv's module);
+  kube-controller-manager, kube-scheduler and kube-proxy (``kubenode``, built by
+  tests/realnode/build.sh in kubetestenv's module);
 - a TCP relay (:mod:`tests.realnode.forward`) from a port on the machine's loopback to the
   apiserver inside the namespace: the tests, kubectl and watchproxy reach the cluster there.
 
 Where everything with an address lives (docs/cluster.md, "The real-node tier"): one network
-namespace, ``wprn<pid>``, holds a bridge with the node IP (10.88.0.1/24, the pods' gateway) and
-the ``kubernetes`` Service IP (10.0.0.1/32), the pods' veths (the CNI bridge plugin, run by
-containerd inside the namespace) and every daemon's sockets. The apiserver listens on port 443
-of the namespace, so a pod reaches the Service IP on the Service's own port without kube-proxy
-or a NAT rule; the kubelet and the controllers reach it on the namespace's loopback. The
-machine's own interfaces get nothing.
+namespace, ``wprn<pid>``, holds a bridge with the node IP (10.88.0.1/24, the pods' gateway),
+the pods' veths (the CNI bridge plugin, run by containerd inside the namespace), every daemon's
+sockets and kube-proxy's iptables rules (iptables mode; Debian's ``iptables``, its nf_tables
+backend). ClusterIPs are on no interface: a pod's connection to one, the ``kubernetes``
+Service's 10.0.0.1 included, is DNATed by kube-proxy's rules to an endpoint, as in a cluster
+(the Service range is routed to the bridge, so what is not DNATed meets kube-proxy's filter
+rules, as on a node with a default route).
+The apiserver listens on port 443 of the namespace and advertises the node IP, whose lease
+endpoint reconciler publishes it as the ``kubernetes`` Service's endpoint; the kubelet and the
+controllers reach it on the namespace's loopback. The machine's own interfaces get nothing.
 
 The daemons also share one private mount namespace (a holder process, ``unshare --mount
 --propagation private``): containerd's overlay mounts, the pods' volumes and network-namespace
@@ -56,9 +60,12 @@ NODE_NAME = "realnode"
 BRIDGE = "wprn0"
 NODE_IP = "10.88.0.1"
 POD_SUBNET = "10.88.0.0/24"
+SERVICE_CIDR = "10.0.0.0/24"
+"""kubetestenv's ``--service-cluster-ip-range``."""
 SERVICE_IP = "10.0.0.1"
 """The ``kubernetes`` Service's ClusterIP: the first of kubetestenv's 10.0.0.0/24."""
 APISERVER_PORT = 443
+KUBE_PROXY_METRICS_PORT = 10249
 NETNS_PREFIX = "wprn"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 # Paths that containerd 1.6, libcni and the kubelet use whatever their configuration says;
@@ -72,6 +79,8 @@ REQUIRED_COMMANDS = (
     "runc",
     "ctr",
     "ip",
+    "iptables",
+    "iptables-restore",
     "nsenter",
     "unshare",
 )
@@ -110,7 +119,7 @@ def environment_problem() -> str | None:
     if missing:
         return (
             f"missing {', '.join(missing)} (apt-get install containerd runc "
-            "containernetworking-plugins; scripts/test.sh installs them as root)"
+            "containernetworking-plugins iptables; scripts/test.sh installs them as root)"
         )
     if not (CGROUP_ROOT / "memory").is_dir():
         return "the kubelet here runs on cgroup v1 controllers under /sys/fs/cgroup (none found)"
@@ -336,8 +345,12 @@ class Node:
         run([*ns, "link", "set", "lo", "up"])
         run([*ns, "link", "add", BRIDGE, "type", "bridge"])
         run([*ns, "addr", "add", f"{NODE_IP}/24", "dev", BRIDGE])
-        run([*ns, "addr", "add", f"{SERVICE_IP}/32", "dev", BRIDGE])
         run([*ns, "link", "set", BRIDGE, "up"])
+        # A node's default route would take a ClusterIP packet that kube-proxy did not DNAT
+        # (a Service with no endpoints, or none local) on to its FORWARD chain, where
+        # kube-proxy's filter rules reject or drop it; this namespace has no default route, so
+        # the Service range gets one to the bridge, where no address answers for it.
+        run([*ns, "route", "add", SERVICE_CIDR, "dev", BRIDGE])
 
     def _mount_namespace(self) -> None:
         for path in map(Path, FIXED_PATHS):
@@ -416,6 +429,15 @@ class Node:
             f"--kubelet-client-certificate={creds.kubelet_client_cert}",
             f"--kubelet-client-key={creds.kubelet_client_key}",
             "--kubelet-preferred-address-types=InternalIP",
+            # kubetestenv has none (it advertises loopback, which no endpoint may be): here the
+            # lease reconciler publishes the node IP as the `kubernetes` Service's endpoint,
+            # which kube-proxy's rules send the Service IP to.
+            "--endpoint-reconciler-type=lease",
+            # The apiserver's record of who listed and watched configmaps, as whom (the
+            # ServiceAccount token's pod in the user's extra): what a proxy in front of it
+            # really sent upstream.
+            f"--audit-policy-file={self._audit_policy()}",
+            f"--audit-log-path={self.audit_log}",
         ]
         apiserver = self._spawn(
             "kubetestenv",
@@ -456,6 +478,39 @@ class Node:
         self.port = int(port_file.read_text())
         self._await_file(apiserver, ready)
         write_kubeconfig(Path(self.admin_kubeconfig), self.url, self.ca_file, creds.admin_token)
+
+    @property
+    def audit_log(self) -> Path:
+        return self.run_dir / "audit.log"
+
+    def _audit_policy(self) -> Path:
+        policy = {
+            "apiVersion": "audit.k8s.io/v1",
+            "kind": "Policy",
+            "omitStages": ["RequestReceived"],
+            "rules": [
+                {
+                    "level": "Metadata",
+                    "verbs": ["list", "watch"],
+                    "resources": [{"group": "", "resources": ["configmaps"]}],
+                },
+                {"level": "None"},
+            ],
+        }
+        path = self.run_dir / "audit-policy.yaml"
+        path.write_text(json.dumps(policy), encoding="utf-8")
+        return path
+
+    def audit_events(self, namespace: str) -> list[dict[str, Any]]:
+        """The apiserver's audit events (JSON lines, written before it answers) of configmap
+        lists and watches in ``namespace``, oldest first."""
+        events = []
+        with open(self.audit_log, encoding="utf-8") as log:
+            for line in log:
+                event = json.loads(line)
+                if event.get("objectRef", {}).get("namespace") == namespace:
+                    events.append(event)
+        return events
 
     def _inside_kubeconfig(self, name: str, token: str) -> Path:
         """A kubeconfig for the daemons inside the namespace: the apiserver on its loopback."""
@@ -614,6 +669,64 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
                 "--secure-port=0",
             ],
         )
+        self._spawn("kube-proxy", [kubenode, "kube-proxy", f"--config={self._kube_proxy_config()}"])
+
+    def _kube_proxy_config(self) -> Path:
+        assert self.credentials is not None
+        kubeconfig = self._inside_kubeconfig("kube-proxy", self.credentials.proxy_token)
+        config = {
+            "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+            "kind": "KubeProxyConfiguration",
+            "clientConnection": {"kubeconfig": str(kubeconfig)},
+            "hostnameOverride": NODE_NAME,
+            "mode": "iptables",
+            # Traffic from the pods' subnet is the cluster's own: not masqueraded, so a proxy
+            # pod sees its tenants' pod IPs.
+            "clusterCIDR": POD_SUBNET,
+            "detectLocalMode": "ClusterCIDR",
+            # The namespace's loopback: nothing outside the node reaches these.
+            "healthzBindAddress": "127.0.0.1:10256",
+            "metricsBindAddress": f"127.0.0.1:{KUBE_PROXY_METRICS_PORT}",
+            # NodePorts on the node IP only, and none on loopback (which would need
+            # route_localnet, a sysctl kube-proxy would change).
+            "nodePortAddresses": ["primary"],
+            "iptables": {"localhostNodePorts": False},
+            # The conntrack table's size is the machine's (one table for every namespace):
+            # leave it and its timeouts as they are.
+            "conntrack": {
+                "maxPerCore": 0,
+                "min": 0,
+                "tcpEstablishedTimeout": "0s",
+                "tcpCloseWaitTimeout": "0s",
+            },
+            # Root here has no CAP_SYS_RESOURCE: kube-proxy's -999 could not be set.
+            "oomScoreAdj": 0,
+        }
+        path = self.run_dir / "kube-proxy.yaml"
+        path.write_text(json.dumps(config), encoding="utf-8")
+        return path
+
+    def iptables_rules(self, table: str = "nat") -> str:
+        """kube-proxy's rules in the node's namespace (``iptables-save``)."""
+        return run([*self.inside(), "iptables-save", "-t", table])
+
+    def wait_service_routing(
+        self, service_port: str = "default/kubernetes:https", *, timeout: float = 30
+    ) -> None:
+        """Until kube-proxy's rules send a Service's ClusterIP (``namespace/name:port``) to an
+        endpoint. For the ``kubernetes`` Service, which pods reach the apiserver by
+        (KUBERNETES_SERVICE_HOST): its first sync, once the Node exists. A Service whose
+        endpoints just became ready lags behind them by the EndpointSlice controller and
+        kube-proxy's next sync (at least a second apart)."""
+        try:
+            wait_until(
+                lambda: f'"{service_port} cluster IP"' in self.iptables_rules(),
+                timeout=timeout,
+                what=f"kube-proxy's rules for {service_port}",
+                step=0.2,
+            )
+        except TimeoutError as error:
+            raise RuntimeError(f"{error}; log tail:\n{self.daemons['kube-proxy'].tail()}") from None
 
     def check_alive(self) -> None:
         """Raise, with its log's tail, if a daemon has exited."""
@@ -631,7 +744,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             return []
         problems: list[str] = []
         started = time.monotonic()
-        self._stop("kubelet", "kube-controller-manager", "kube-scheduler")
+        self._stop("kubelet", "kube-controller-manager", "kube-scheduler", "kube-proxy")
         self.timings["teardown: node daemons stopped"] = round(time.monotonic() - started, 1)
         # The pods' processes: everything in the node's cgroups.
         pids_root = CGROUP_ROOT / "pids" / self.name

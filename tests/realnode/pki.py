@@ -9,6 +9,9 @@ written, plus
 
 - a static token for ``system:node:<node>`` (group ``system:nodes``) in the token file: the
   kubelet's identity under the Node authorizer and the NodeRestriction admission plugin;
+- a static token for ``system:kube-proxy``, the user the apiserver's bootstrap policy binds to
+  the ``system:node-proxier`` ClusterRole (read Services, EndpointSlices and Nodes, write
+  Events): kube-proxy's identity, as kubeadm gives it;
 - a client certificate for the apiserver's calls to the kubelet (exec, attach, port-forward,
   logs), signed by the same CA, which the kubelet trusts for x509 authentication;
 - serving-certificate names for the addresses the rig uses (the node IP, the ``kubernetes``
@@ -36,6 +39,7 @@ class Credentials:
     pki: Path
     admin_token: str
     node_token: str
+    proxy_token: str
 
     @property
     def ca_file(self) -> Path:
@@ -147,7 +151,12 @@ def write_credentials(pki: Path, *, node_name: str, ip_addresses: tuple[str, ...
         ExtendedKeyUsageOID.CLIENT_AUTH,
         organization="system:masters",
     )
-    creds = Credentials(pki, secrets.token_hex(24), secrets.token_hex(24))
+    creds = Credentials(
+        pki,
+        admin_token=secrets.token_hex(24),
+        node_token=secrets.token_hex(24),
+        proxy_token=secrets.token_hex(24),
+    )
     _write(creds.ca_file, ca_cert.public_bytes(serialization.Encoding.PEM))
     _write(pki / "apiserver.crt", server_cert)
     _write(pki / "apiserver.key", server_key)
@@ -160,6 +169,7 @@ def write_credentials(pki: Path, *, node_name: str, ip_addresses: tuple[str, ...
         (
             f'{creds.admin_token},kubetestenv-admin,kubetestenv-admin,"system:masters"\n'
             f'{creds.node_token},system:node:{node_name},system:node:{node_name},"system:nodes"\n'
+            f"{creds.proxy_token},system:kube-proxy,system:kube-proxy\n"
         ).encode(),
     )
     # Last, as kubetestenv does: its presence says the directory holds a complete set.
