@@ -276,10 +276,10 @@ def test_sidecar_serves_concurrent_slow_lists_of_a_big_collection_within_its_mem
 @pytest.mark.xfail(
     raises=OverLimit,
     strict=False,
-    reason="at the limit, OOM-killed in some runs: the sidecar peaks at 230-260 MiB while the "
-    "hub lists a shared watch's 64 MiB collection (the page's body, its parsed objects and "
-    "their encoded lines are held at once) and serves it to slow watchers; "
-    "hub.cache_max_bytes admits the collection",
+    reason="at the limit, OOM-killed in some runs: the sidecar peaks at 235-256 MiB while the "
+    "hub lists a shared watch's 64 MiB collection (500 objects a page: one page holds it all, "
+    "and the page's body, its parsed objects and their encoded lines are held at once), then "
+    "holds 112 MiB while it serves slow watchers; hub.cache_max_bytes admits the collection",
 )
 def test_sidecar_serves_watches_of_a_big_collection_its_cache_budget_admits_within_its_limit(
     loaded: Loaded, cluster: Cluster
