@@ -18,7 +18,8 @@ Memory is read on the host from the container's cgroup as the kubelet made it:
 ``memory.max_usage_in_bytes`` (the peak since the container started: what the limit is judged
 on), the OOM killer's count, and for the record the sidecar process's ``VmHWM`` and
 ``memory.usage_in_bytes`` sampled meanwhile; the pod's status tells a restart or an
-``OOMKilled``.
+``OOMKilled``. ``WPRN_MEMORY_SERIES=FILE`` writes the samples (seconds into the load, cgroup
+usage, VmRSS) of the last load to FILE, for a closer look at when the memory went up.
 """
 
 from __future__ import annotations
