@@ -18,7 +18,8 @@ from typing import NoReturn
 from watchproxy import __version__
 from watchproxy.allocator import fix_mmap_threshold
 from watchproxy.config import Config, ConfigError, build_config, load_file, read_env
-from watchproxy.config.memory import container_limit
+from watchproxy.config.build import memory_budgets
+from watchproxy.config.memory import container_limit, describe
 from watchproxy.logs import setup_logging
 from watchproxy.upstream.credentials import CredentialsError, UpstreamTarget, resolve_target
 
@@ -283,6 +284,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"watchproxy: {error}", file=sys.stderr)
         return 2
     setup_logging(config.logging.level, as_json=config.logging.json)
+    # What the budgets were fitted to (load_config read the same file): the first thing to
+    # check when a pod is OOM-killed.
+    limit = container_limit(read_text)
+    logging.getLogger("watchproxy").info("%s", describe(limit, memory_budgets(config)))
     fix_mmap_threshold()
     install_loop()
     try:

@@ -5,12 +5,14 @@ library's users write, with the library's defaults (KUBECONFIG, no resourceVersi
 sends the current pods as ADDED, then every change; no timeout: the library re-watches by
 itself when a stream ends):
 
-    python tests/clients/pywatch.py --library official|asyncio --namespace NS
+    python tests/clients/pywatch.py --library official|asyncio --namespace NS [--resource R]
 
 ``official`` is the ``kubernetes`` package's ``watch.Watch().stream(list_namespaced_pod, ...)``
-(urllib3), ``asyncio`` is kubernetes_asyncio's (aiohttp). Output, one line per event, written
-with one write(2) as soon as the library hands the event over, stamped with the wall-clock time
-of that moment in nanoseconds (``at``), in the line format of tests/clients/go's watchclient:
+(urllib3), ``asyncio`` is kubernetes_asyncio's (aiohttp); ``--resource configmaps`` watches
+with ``list_namespaced_config_map`` instead (tests/realnode runs it in a pod). Output, one line
+per event, written with one write(2) as soon as the library hands the event over, stamped with
+the wall-clock time of that moment in nanoseconds (``at``), in the line format of
+tests/clients/go's watchclient:
 
     {"type":"ADDED","namespace":"ns","name":"p1","resourceVersion":"12","at":1765...}
     {"type":"ERROR","error":"..."}
@@ -50,22 +52,25 @@ def event_line(event: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def official(namespace: str) -> None:
+LISTS = {"pods": "list_namespaced_pod", "configmaps": "list_namespaced_config_map"}
+
+
+def official(namespace: str, resource: str) -> None:
     from kubernetes import client, config, watch
 
     config.load_kube_config()
-    pods = client.CoreV1Api()
-    for event in watch.Watch().stream(pods.list_namespaced_pod, namespace):
+    api = client.CoreV1Api()
+    for event in watch.Watch().stream(getattr(api, LISTS[resource]), namespace):
         emit(event_line(event))
 
 
-async def with_asyncio(namespace: str) -> None:
+async def with_asyncio(namespace: str, resource: str) -> None:
     from kubernetes_asyncio import client, config, watch
 
     await config.load_kube_config()
     async with client.ApiClient() as api_client:
-        pods = client.CoreV1Api(api_client)
-        async for event in watch.Watch().stream(pods.list_namespaced_pod, namespace):
+        api = client.CoreV1Api(api_client)
+        async for event in watch.Watch().stream(getattr(api, LISTS[resource]), namespace):
             emit(event_line(event))
 
 
@@ -73,11 +78,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(prog="pywatch")
     parser.add_argument("--library", choices=("official", "asyncio"), required=True)
     parser.add_argument("--namespace", required=True)
+    parser.add_argument("--resource", choices=tuple(LISTS), default="pods")
     args = parser.parse_args()
     if args.library == "official":
-        official(args.namespace)
+        official(args.namespace, args.resource)
     else:
-        asyncio.run(with_asyncio(args.namespace))
+        asyncio.run(with_asyncio(args.namespace, args.resource))
     return 0
 
 

@@ -9,7 +9,8 @@
 #   date) or the link only.
 # - the container images, as OCI archives cached by content (python -m tests.realnode.images):
 #   watchproxy's (scripts/image.sh: buildah, podman, mmdebstrap; pip installs from PyPI) and
-#   the tests' app image (the same Debian base plus kubectl 1.37).
+#   the tests' app image (the same Debian base plus kubectl 1.37) and the clients image (the
+#   same base plus a client-go informer built static and the Python client).
 #
 # Needs Go, and for the images root with buildah, podman and mmdebstrap (scripts/test.sh
 # installs Debian's packages when it runs as root).

@@ -9,6 +9,8 @@
   1.37 (tests/realapi/build.sh). The tests' apps run it; with its default command (``sleep
   infinity``) it is also the pods' sandbox ("pause") image, since no registry serves
   registry.k8s.io/pause here.
+- ``wprn-clients:1``: the same base plus the apps' own clients, a client-go informer and the
+  Python client (tests/realnode/clientsimage.py).
 
 Each archive is named by a hash of what goes into it, in ``~/.cache/watchproxy/realnode``; an
 archive that exists is not built again, so a warm run imports the same files and builds nothing.
@@ -24,6 +26,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from tests.realnode import clientsimage
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
@@ -46,6 +50,7 @@ IMAGE_INPUTS = (
     "watchproxy",
 )
 KUBECTL = REPO / "tests" / "realapi" / "bin" / "kubectl.1.37"
+KEEP_OLDER = 4
 
 
 def _digest(paths: list[Path], extra: str = "") -> str:
@@ -70,8 +75,13 @@ def app_archive() -> Path:
     return CACHE / f"app-{_digest([REPO / 'scripts/image.sh', HERE / 'images.py'], stamp)}.oci.tar"
 
 
+def clients_archive() -> Path:
+    inputs = clientsimage.inputs()
+    return CACHE / f"clients-{_digest(inputs, clientsimage.stamp())}.oci.tar"
+
+
 def archives() -> list[Path]:
-    return [watchproxy_archive(), app_archive()]
+    return [watchproxy_archive(), app_archive(), clients_archive()]
 
 
 def missing() -> list[Path]:
@@ -93,9 +103,14 @@ def _export(image: str, archive: Path, name: str) -> None:
     # The reference inside the archive is the name containerd gives the image on import.
     _run("buildah", "push", "--quiet", image, f"oci-archive:{partial}:docker.io/library/{name}")
     partial.rename(archive)
-    for old in CACHE.glob(f"{archive.name.split('-')[0]}-*.oci.tar"):
-        if old != archive:
-            old.unlink()
+    # Older builds go, but not the last few: worktrees that differ under watchproxy/ share
+    # this cache, and each would otherwise delete the other's archive on every build.
+    older = sorted(
+        (p for p in CACHE.glob(f"{archive.name.split('-')[0]}-*.oci.tar") if p != archive),
+        key=lambda p: p.stat().st_mtime,
+    )
+    for old in older[:-KEEP_OLDER]:
+        old.unlink(missing_ok=True)
 
 
 def build_watchproxy(archive: Path) -> None:
@@ -133,9 +148,16 @@ def build_app(archive: Path) -> None:
     _run("buildah", "rmi", tag)
 
 
+def build_clients(archive: Path) -> None:
+    tag = "localhost/wprn-clients:build"
+    clientsimage.build(BASE_IMAGE, tag)
+    _export(tag, archive, clientsimage.CLIENTS_IMAGE)
+    _run("buildah", "rmi", tag)
+
+
 def main() -> None:
     CACHE.mkdir(parents=True, exist_ok=True)
-    watchproxy, app = archives()
+    watchproxy, app, clients = archives()
     if not watchproxy.exists():
         started = time.monotonic()
         build_watchproxy(watchproxy)
@@ -144,7 +166,11 @@ def main() -> None:
         started = time.monotonic()
         build_app(app)
         print(f"built {app.name} in {time.monotonic() - started:.0f} s", file=sys.stderr)
-    for archive in (watchproxy, app):
+    if not clients.exists():
+        started = time.monotonic()
+        build_clients(clients)
+        print(f"built {clients.name} in {time.monotonic() - started:.0f} s", file=sys.stderr)
+    for archive in (watchproxy, app, clients):
         print(archive)
 
 

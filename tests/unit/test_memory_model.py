@@ -6,7 +6,15 @@ from __future__ import annotations
 import pytest
 
 from watchproxy.config import ConfigError, build_config
-from watchproxy.config.memory import BASE_BYTES, BUDGETS, MIB, container_limit, parse_limit
+from watchproxy.config.build import memory_budgets
+from watchproxy.config.memory import (
+    BASE_BYTES,
+    BUDGETS,
+    MIB,
+    container_limit,
+    describe,
+    parse_limit,
+)
 
 
 def files(mapping: dict[str, str]) -> object:
@@ -64,3 +72,18 @@ def test_configured_budgets_over_the_limit_refuse_to_start_in_one_line_naming_th
 
 def test_without_a_limit_the_defaults_stand() -> None:
     assert build_config({}, memory_limit=None) == build_config({})
+
+
+def test_the_start_up_line_names_the_limit_read_and_every_budget_in_force() -> None:
+    sidecar = {"hub": {"cache_max_bytes": 96 * MIB, "history_max_bytes": 32 * MIB}}
+    config = build_config(sidecar, memory_limit=256 * MIB)
+    line = describe(256 * MIB, memory_budgets(config))
+    assert line.startswith("memory: container limit 256 MiB; budgets ")
+    assert "hub.cache_max_bytes=96.0 MiB" in line and "hub.history_max_bytes=32.0 MiB" in line
+    list_mib = config.limits.max_buffered_list_bytes / MIB
+    assert f"limits.max_buffered_list_bytes={list_mib:.1f} MiB" in line
+    assert "\n" not in line
+    unbounded = build_config({"hub": {"cache_max_bytes": 0}})
+    line = describe(None, memory_budgets(unbounded))
+    assert line.startswith("memory: no container memory limit found; budgets ")
+    assert "hub.cache_max_bytes=unbounded" in line

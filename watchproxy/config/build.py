@@ -75,15 +75,20 @@ def build_config(
     return config
 
 
+def memory_budgets(config: Config) -> dict[str, int]:
+    """The memory budgets in force (see :mod:`.memory`), by ``section.key``."""
+    return {
+        b.key: getattr(getattr(config, b.key.split(".")[0]), b.key.split(".")[1])
+        for b in memory.BUDGETS
+    }
+
+
 def _fit_memory(
     config: Config, merged: Mapping[str, Mapping[str, Any]], limit: int, where: str
 ) -> Config:
     """``config`` with its memory budgets fitted to ``limit`` (see :mod:`.memory`)."""
     set_keys = frozenset(f"{section}.{key}" for section, values in merged.items() for key in values)
-    configured = {
-        b.key: getattr(getattr(config, b.key.split(".")[0]), b.key.split(".")[1])
-        for b in memory.BUDGETS
-    }
+    configured = memory_budgets(config)
     try:
         budgets = memory.fitted(limit, configured, set_keys)
     except memory.OverBudget as error:

@@ -96,3 +96,15 @@ def fitted(limit: int, configured: Mapping[str, int], set_keys: frozenset[str]) 
     for b in unset:
         result[b.key] = int(free * b.share / shares / b.factor)
     return result
+
+
+def describe(limit: int | None, budgets: Mapping[str, int]) -> str:
+    """One line for the start-up log: the limit read from the cgroup and the budgets in force,
+    so that an operator sees what watchproxy fitted itself to (or that it found no limit)."""
+    parts = ", ".join(
+        f"{key}={value / MIB:.1f} MiB" if value else f"{key}=unbounded"
+        for key, value in budgets.items()
+    )
+    if limit is None:
+        return f"memory: no container memory limit found; budgets {parts}"
+    return f"memory: container limit {limit / MIB:.0f} MiB; budgets {parts}"

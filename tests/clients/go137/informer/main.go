@@ -1,10 +1,11 @@
-// Command informer is a client-go v0.37 pod informer with client-go's defaults, run by the
+// Command informer is a client-go v0.37 pod (or configmap) informer with client-go's defaults, run by the
 // watchproxy tests through the proxy. Its defaults are the point: the informer comes from a
 // SharedInformerFactory, so its reflector uses WatchList (one watch with sendInitialEvents=true,
 // ended by a bookmark annotated k8s.io/initial-events-end) instead of LIST + WATCH, and its
 // HTTP transport asks for gzip.
 //
-//	informer [--namespace NS] [--content-type json|default] [--out FILE] [--duration D]
+//	informer [--namespace NS] [--resource pods|configmaps] [--content-type json|default]
+//	         [--out FILE] [--duration D]
 //
 // It writes one JSON line per informer handler call (ADDED with "initial", MODIFIED, DELETED,
 // READY once synced, WATCH_ERROR) and, for JSON, one WIRE line per watch event as it came off
@@ -34,6 +35,7 @@ import (
 
 type options struct {
 	namespace   string
+	resource    string
 	contentType string
 	out         string
 	kubeconfig  string
@@ -43,6 +45,7 @@ type options struct {
 func main() {
 	var o options
 	flag.StringVar(&o.namespace, "namespace", "", "namespace to watch (default: the kubeconfig context's)")
+	flag.StringVar(&o.resource, "resource", "pods", "pods or configmaps: the informer's resource")
 	flag.StringVar(&o.contentType, "content-type", "json", "json (WIRE lines are written) or default (client-go's choice: protobuf)")
 	flag.StringVar(&o.out, "out", "", "write JSON lines to this file instead of stdout")
 	flag.StringVar(&o.kubeconfig, "kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig path")
@@ -97,14 +100,22 @@ func run(o options) error {
 	if err != nil {
 		return err
 	}
-	return runInformer(ctx, client, namespace, out)
+	return runInformer(ctx, client, namespace, o.resource, out)
 }
 
-// runInformer runs the pod informer of a SharedInformerFactory, as controllers get it, and
-// reports every handler call.
-func runInformer(ctx context.Context, client kubernetes.Interface, namespace string, out *output) error {
+// runInformer runs the informer of a SharedInformerFactory for resource (pods or configmaps),
+// as controllers get it, and reports every handler call.
+func runInformer(ctx context.Context, client kubernetes.Interface, namespace, resource string, out *output) error {
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(namespace))
-	informer := factory.Core().V1().Pods().Informer()
+	var informer cache.SharedIndexInformer
+	switch resource {
+	case "pods":
+		informer = factory.Core().V1().Pods().Informer()
+	case "configmaps":
+		informer = factory.Core().V1().ConfigMaps().Informer()
+	default:
+		return fmt.Errorf("unknown --resource %q (pods or configmaps)", resource)
+	}
 	err := informer.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
 		if ctx.Err() != nil && errors.Is(err, context.Canceled) {
 			// Stopped by the test: the reflector reports the watch it was in the middle of
