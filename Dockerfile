@@ -14,9 +14,10 @@ FROM ${PYTHON_IMAGE} AS builder
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1
 
-# The per-request modules setup.py names (the limiter, the list-option and selector parsers, the
-# LIST services, the metrics) are compiled with mypyc (WATCHPROXY_COMPILE=1 below): less CPU per
-# request (bench/README.md, "Compiled" and "What mypyc buys outside server/ and upstream/").
+# The per-request modules setup.py names (the API port's protocol and handler, the upstream
+# client, the limiter, the list-option and selector parsers, the LIST services, the metrics) are
+# compiled with mypyc (WATCHPROXY_COMPILE=1 below): less CPU per request (bench/README.md,
+# "mypyc re-scoped after the rewrites").
 # That needs a C compiler and Python's headers here, in the builder only: the runtime stage gets
 # the compiled modules, not the compiler. (The official python images carry the headers of
 # their own Python; Debian's python3 needs python3-dev for them.) Not pinned (DL3008): Debian's
@@ -46,7 +47,7 @@ COPY watchproxy/ ./watchproxy/
 # gets the same versions as the venv that runs them.
 RUN WATCHPROXY_COMPILE=1 PIP_CONSTRAINT=constraints.txt \
         /opt/venv/bin/pip install --no-cache-dir --only-binary=:all: . \
-    && /opt/venv/bin/python -I -c 'import watchproxy.app, watchproxy.policy.ratelimit as m; assert m.__file__.endswith(".so"), m.__file__' \
+    && /opt/venv/bin/python -I -c 'import watchproxy.app, watchproxy.server.protocol as m; assert m.__file__.endswith(".so"), m.__file__' \
     && /opt/venv/bin/pip uninstall --yes pip setuptools \
     && /opt/venv/bin/watchproxy --help > /dev/null
 

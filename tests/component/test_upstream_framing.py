@@ -27,20 +27,15 @@ Script = Sequence[Sequence[bytes]]  # per request: the pieces of its answer
 GET = b"GET /x HTTP/1.1\r\nHost: h\r\n\r\n"
 
 
-class Scripted:
-    def __init__(self) -> None:
-        self.connections = 0
-        self.received: list[bytes] = []  # what came after the last request head (upgrades)
-
-
 @contextlib.asynccontextmanager
-async def scripted(script: Script, *, close_after: bool = False) -> AsyncIterator[ConnectionPool]:
-    """A pool on a server that answers the n-th request with ``script[n]``."""
+async def scripted(
+    script: Script, *, close_after: bool = False, received: list[bytes] | None = None
+) -> AsyncIterator[ConnectionPool]:
+    """A pool on a server that answers the n-th request with ``script[n]``; ``received`` gets
+    what came after the last request head (an upgrade's bytes)."""
     answers = list(script)
-    state = Scripted()
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        state.connections += 1
         try:
             while answers:
                 await reader.readuntil(b"\r\n\r\n")
@@ -49,14 +44,15 @@ async def scripted(script: Script, *, close_after: bool = False) -> AsyncIterato
                     await writer.drain()
                     await asyncio.sleep(0)
             if not close_after:
-                state.received.append(await reader.read(100))
+                tail = await reader.read(100)
+                if received is not None:
+                    received.append(tail)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         writer.close()
 
     server = await asyncio.start_server(serve, "127.0.0.1", 0)
     pool = ConnectionPool("127.0.0.1", server.sockets[0].getsockname()[1])
-    pool.state = state  # type: ignore[attr-defined]
     try:
         yield pool
     finally:
@@ -211,7 +207,8 @@ async def test_a_head_passes_on_as_it_came_only_without_hop_by_hop_fields() -> N
 
 async def test_a_switched_connection_is_handed_over_with_the_bytes_behind_its_head() -> None:
     switch = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: SPDY/3.1\r\nConnection: Upgrade\r\n\r\n"
-    async with scripted([[switch + b"early", b" later"]]) as pool:
+    received: list[bytes] = []
+    async with scripted([[switch + b"early", b" later"]], received=received) as pool:
         answer = await ask(pool, b"POST /exec HTTP/1.1\r\nHost: h\r\nUpgrade: SPDY/3.1\r\n\r\n")
         assert answer.switched and answer.headers["Upgrade"] == "SPDY/3.1"
         reader, writer = answer.take_stream()
@@ -219,7 +216,7 @@ async def test_a_switched_connection_is_handed_over_with_the_bytes_behind_its_he
         writer.write(b"from the client")
         await writer.drain()
         await answer.close()
-        assert pool.state.received == [b"from the client"]  # type: ignore[attr-defined]
+        assert received == [b"from the client"]
 
 
 async def test_a_switched_connection_closed_before_the_hand_over_keeps_what_came() -> None:
