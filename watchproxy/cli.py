@@ -236,6 +236,11 @@ async def run_proxy(config: Config, env: Mapping[str, str]) -> None:
         logging.getLogger("watchproxy").setLevel(logging.WARNING)
         await proxy.stop()
         raise
+    # What the budgets were fitted to (load_config read the same file): the first thing to
+    # check when a pod is OOM-killed. Logged once serving, so that a start-up that fails says
+    # only why, in one line.
+    limit = container_limit(read_text)
+    logging.getLogger("watchproxy").info("%s", describe(limit, memory_budgets(config)))
     try:
         await stop.wait()
     finally:
@@ -284,10 +289,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"watchproxy: {error}", file=sys.stderr)
         return 2
     setup_logging(config.logging.level, as_json=config.logging.json)
-    # What the budgets were fitted to (load_config read the same file): the first thing to
-    # check when a pod is OOM-killed.
-    limit = container_limit(read_text)
-    logging.getLogger("watchproxy").info("%s", describe(limit, memory_budgets(config)))
     fix_mmap_threshold()
     install_loop()
     try:
