@@ -101,7 +101,7 @@ took "the conformance specs"
 # `scripts/test.sh tests/realnode -n 0`.
 parity=tests/realapi/test_delivery_parity.py
 if [ "$#" -eq 0 ]; then
-    .venv/bin/pytest -n "${WATCHPROXY_TEST_WORKERS:-3}" --ignore="$parity" --ignore=tests/realnode
+    .venv/bin/pytest -n "${WATCHPROXY_TEST_WORKERS:-3}" --durations=25 --ignore="$parity" --ignore=tests/realnode
     took "the suite"
     .venv/bin/pytest -n 0 -p no:cacheprovider "$parity"
     took "the delivery-time parity test"
