@@ -1,5 +1,6 @@
-"""The ``real_apiserver`` fixture (one real kube-apiserver + etcd for the whole session) and the
-per-test ``session``, ``direct`` (its admin) and ``namespace`` fixtures."""
+"""The ``real_apiserver`` fixture (one real kube-apiserver + etcd for the whole session), the
+per-module ``watchlist_off`` (one that refuses watch-lists) and the per-test ``session``,
+``direct`` (its admin) and ``namespace`` fixtures."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import aiohttp
 import pytest
 
 from tests.clientconnector import SerialConnector
-from tests.realapi.fixture import RealApiServer, start_or_skip
+from tests.realapi.fixture import APISERVER_ARGS, RealApiServer, start_or_skip
 from tests.realapi.kubeapi import Api
 
 
@@ -21,6 +22,19 @@ def real_apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealApi
     Skipped when the binary was not built, except in CI (CI=true), where that fails the tier.
     """
     server = start_or_skip(tmp_path_factory.mktemp("kubetestenv"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def watchlist_off(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealApiServer]:
+    """An apiserver that refuses watch-lists (``--feature-gates=WatchList=false``)."""
+    server = start_or_skip(
+        tmp_path_factory.mktemp("kubetestenv-watchlist-off"),
+        extra=("-apiserver-args", APISERVER_ARGS + " --feature-gates=WatchList=false"),
+    )
     try:
         yield server
     finally:

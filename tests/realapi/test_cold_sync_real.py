@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
@@ -16,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.harness import proxy_for_upstream
-from tests.realapi.fixture import APISERVER_ARGS, RealApiServer, start_or_skip
+from tests.realapi.fixture import RealApiServer
 from tests.realapi.kubeapi import Api
 
 pytestmark = pytest.mark.timeout(90, func_only=True)
@@ -40,19 +39,6 @@ async def requests_served(direct: Api, resource: str, code: str = "") -> dict[st
             ):
                 counts[verb] += sample.value
     return counts
-
-
-@pytest.fixture(scope="module")
-def watchlist_off(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealApiServer]:
-    """An apiserver that refuses watch-lists (``--feature-gates=WatchList=false``)."""
-    server = start_or_skip(
-        tmp_path_factory.mktemp("kubetestenv-watchlist-off"),
-        extra=("-apiserver-args", APISERVER_ARGS + " --feature-gates=WatchList=false"),
-    )
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 async def events(session: aiohttp.ClientSession, url: str, **kwargs: object) -> list[object]:

@@ -11,7 +11,6 @@ first LIST + WATCH must be the same direct and through the proxy, and its store 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
@@ -21,24 +20,11 @@ from tests.clients.build import build_informer137
 from tests.clients.process import ClientProcess, Line
 from tests.clients.streams import client_state
 from tests.harness import proxy_for_upstream
-from tests.realapi.fixture import APISERVER_ARGS, RealApiServer, start_or_skip
+from tests.realapi.fixture import RealApiServer
 from tests.realapi.kubeapi import Api
 from tests.realapi.test_real_clients import built, pod
 
 pytestmark = pytest.mark.timeout(120, func_only=True)
-
-
-@pytest.fixture(scope="module")
-def watchlist_off(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealApiServer]:
-    """An apiserver that refuses watch-lists (``--feature-gates=WatchList=false``)."""
-    server = start_or_skip(
-        tmp_path_factory.mktemp("kubetestenv-watchlist-off"),
-        extra=("-apiserver-args", APISERVER_ARGS + " --feature-gates=WatchList=false"),
-    )
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def requests(lines: list[Line]) -> list[tuple[str, bool, int]]:
