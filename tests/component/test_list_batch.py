@@ -188,35 +188,42 @@ async def batch_peak(tmp_path: Any, members: int) -> tuple[int, int]:
         first.send(ask)
         await wait_for(lambda: fake.faults.lists_held == 1, what="the first LIST upstream")
         slow = [await slow_connection(running.proxy.api_port) for _ in range(members)]
-        for conn in slow:
-            conn.send(ask)
-        await wait_for(
-            lambda: (
-                metrics.get_sample_value("watchproxy_requests_in_flight", {"kind": "request"})
-                == members + 1
-            ),
-            what="all LISTs in watchproxy",
-        )
-        tracemalloc.start()
         try:
-            fake.faults.hold_lists(False)
-            status, _, body = await first.answer()
-            assert status == 200
-            size = len(body)
-            del body
+            for conn in slow:
+                conn.send(ask)
             await wait_for(
-                lambda: metrics.get_sample_value("watchproxy_lists_batched_total") == members + 1,
-                what="the batch answered",
+                lambda: (
+                    metrics.get_sample_value("watchproxy_requests_in_flight", {"kind": "request"})
+                    == members + 1
+                ),
+                what="all LISTs in watchproxy",
             )
-            # Then they all read at once: the batch moves at the pace of the slowest, holding
-            # at most its window (one at a time would wait for the others, and be cut).
-            answers = await asyncio.gather(*(counted_answer(conn) for conn in slow))
-            assert answers == [(200, size)] * members
-            peak = tracemalloc.get_traced_memory()[1]
+            tracemalloc.start()
+            try:
+                fake.faults.hold_lists(False)
+                status, _, body = await first.answer()
+                assert status == 200
+                size = len(body)
+                del body
+                await wait_for(
+                    lambda: (
+                        metrics.get_sample_value("watchproxy_lists_batched_total") == members + 1
+                    ),
+                    what="the batch answered",
+                )
+                # Then they all read at once: the batch moves at the pace of the slowest,
+                # holding at most its window (one at a time would wait for the others, and be
+                # cut).
+                answers = await asyncio.gather(*(counted_answer(conn) for conn in slow))
+                assert answers == [(200, size)] * members
+                peak = tracemalloc.get_traced_memory()[1]
+            finally:
+                tracemalloc.stop()
         finally:
-            tracemalloc.stop()
-        for conn in [first, *slow]:
-            conn.close()
+            # Closed also when an assertion failed: a connection left open with megabytes
+            # unread keeps the event loop's close waiting, and the worker hangs.
+            for conn in [first, *slow]:
+                conn.close()
     return size, peak
 
 

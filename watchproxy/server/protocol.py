@@ -67,6 +67,8 @@ MAX_PIPELINED = 16
 # Body bytes held for a request whose handler has not claimed its body yet (it may refuse it
 # first: the body budget, a 413) before the socket stops being read.
 UNCLAIMED_BODY_BYTES = 65536
+# A chunk at least this large is written beside its framing rather than copied into it.
+_FRAME_BY_COPY_BELOW = 16 * 1024
 _LAST_CHUNK = b"0\r\n\r\n"
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 # Answers that never have a body (RFC 9112 section 6.3).
@@ -815,7 +817,18 @@ class Response:
         """A piece of the body (framed as a chunk when the answer is chunked)."""
         if not data or self._head_only:
             return
-        self._write(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data)
+        if not self._chunked:
+            self._write(data)
+        elif len(data) < _FRAME_BY_COPY_BELOW:
+            self._write(b"%x\r\n%b\r\n" % (len(data), data))
+        else:
+            # A large piece (a LIST's paced piece, a relayed body's chunk) is handed over as it
+            # is, between its framing: formatted into one frame it would be copied, and the
+            # transport holds that copy until the client takes it, twice the piece per slow
+            # reader (tests/component/test_hub_list_stream.py measures it).
+            transport = self._conn.transport
+            if transport is not None and not transport.is_closing():
+                transport.writelines((b"%x\r\n" % len(data), data, b"\r\n"))
 
     async def drain(self) -> None:
         """Until the connection's write buffer is under its low-water mark (or it is gone)."""
