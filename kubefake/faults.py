@@ -53,6 +53,8 @@ class Faults:
         self._garbage = 0
         self._list_gate: asyncio.Event | None = None
         self.lists_held = 0
+        self._initial_gate: tuple[int, asyncio.Event] | None = None
+        self.initial_events_held = 0
         self._forbidden: set[str] = set()
         self._max_in_flight: int | None = None
         self._service_seconds = 0.0
@@ -114,6 +116,22 @@ class Faults:
         if gate is not None:
             self.lists_held += 1
             await gate.wait()
+
+    def hold_initial_events(self, after: int | None) -> None:
+        """While set, a watch's initial events stop after the first ``after`` of them, written
+        and flushed (``initial_events_held`` counts the watches held); None lets them go on."""
+        gate = self._initial_gate
+        if after is not None and gate is None:
+            self._initial_gate = (after, asyncio.Event())
+        elif after is None and gate is not None:
+            gate[1].set()
+            self._initial_gate = None
+
+    async def before_initial_event(self, index: int) -> None:
+        gate = self._initial_gate
+        if gate is not None and index == gate[0]:
+            self.initial_events_held += 1
+            await gate[1].wait()
 
     def throttle(self, retry_after: float | None) -> None:
         """While set, every API request gets 429 with ``Retry-After``; None clears it."""

@@ -253,7 +253,8 @@ async def _stream_events(
             line = line[: max(1, len(line) // 2)] + b"\n"
         await resp.write(line)
 
-    for event_type, obj in initial:
+    for index, (event_type, obj) in enumerate(initial):
+        await ctx.faults.before_initial_event(index)
         await write(encoder.encode(event_type, obj))
     if opts.ends_initial_events:
         await write(encoder.bookmark(last_rv, initial_events_end=True))

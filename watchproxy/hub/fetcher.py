@@ -14,13 +14,14 @@ from __future__ import annotations
 import asyncio
 import json
 import urllib.parse
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, MutableSequence
 from http import HTTPStatus
 from typing import Any
 
 from watchproxy.errors import ProxyError, UpstreamBodyTooLarge
 from watchproxy.hub import cachestate
 from watchproxy.hub.cachetypes import ListedObject, parse_rv
+from watchproxy.hub.firstsync import FirstSync
 from watchproxy.hub.outcomes import (
     Bookmark,
     Broken,
@@ -54,6 +55,18 @@ UNAVAILABLE = -2  # current_rv(), replay() and probe(): no answer, or a 5xx or 4
 # waits up to 3 s for its watch cache to reach the requested revision before it answers).
 PROBE_SECONDS = 5
 INITIAL_EVENTS_END = "k8s.io/initial-events-end"
+# A cold key's watch-list (see firstsync.py) goes on as its shared watch after the initial
+# events: its timeoutSeconds unless the shared watch says otherwise.
+INITIAL_EVENTS_SECONDS = 600
+_ADDED_LINE = b'{"type":"ADDED",'
+_BOOKMARK_LINE = b'{"type":"BOOKMARK",'
+# How long the state waits to be built until the first client has taken the relayed lines
+# (what its socket cannot take at once waits in its write buffer, which parsing would not
+# empty: the loop writes it out between slices). Other clients of the key wait this much more.
+RELAY_WRITE_SECONDS = 5.0
+# Lines of the initial events parsed between two yields to the event loop: the loop serves
+# every other client meanwhile (500: about 1.5 ms of 2.8 KB pods).
+PARSE_SLICE = 500
 
 
 def _unwell(status: int) -> bool:
@@ -62,6 +75,34 @@ def _unwell(status: int) -> bool:
 
 def _media_type(content_type: str) -> str:
     return content_type.partition(";")[0].strip().lower()
+
+
+class _KeptWatch:
+    """A cold key's watch-list past its initial events: the key's shared watch from ``rv``."""
+
+    def __init__(
+        self, rv: str, answer: UpstreamAnswer, runs: AsyncGenerator[bytes, None], after: list[bytes]
+    ) -> None:
+        self.rv = rv
+        self.answer = answer
+        self._runs = runs
+        self._after = after
+
+    async def lines(self) -> AsyncGenerator[bytes, None]:
+        """Its lines from the end bookmark on, the rest of the run it ended first."""
+        after, self._after = self._after, []
+        try:
+            for line in after:
+                yield line
+            async for run in self._runs:
+                for line in _lines_of(run):
+                    yield line
+        finally:
+            await self._runs.aclose()
+
+    async def close(self) -> None:
+        await self._runs.aclose()
+        self.answer.close()
 
 
 # What :meth:`Fetcher.watch` yields and is sent: outcomes out, the next silence deadline in.
@@ -82,12 +123,23 @@ class Fetcher:
         forwarded_auth: str | None,
         clock: Callable[[], float],
         cache_admits: Callable[[int], bool] = lambda _bytes: True,
+        first_sync: FirstSync | None = None,
+        initial_timeout_seconds: int = INITIAL_EVENTS_SECONDS,
+        watch_lists_refused: Callable[[], None] = lambda: None,
     ) -> None:
         self.key = key
+        # The key's first client, relayed the first list's lines (taken by the first list).
+        self.first_sync = first_sync
+        # The first list's watch-list goes on as the shared watch: its lifetime.
+        self.initial_timeout_seconds = initial_timeout_seconds
+        # Told when the apiserver refuses watch-lists (422): the hub stops trying them.
+        self._watch_lists_refused = watch_lists_refused
+        self._kept: _KeptWatch | None = None
         self.representation = representation
         self.source = source
         self.health = health
         self._received = metrics.events_received.labels(key.resource_label)
+        self._sent = metrics.events_sent.labels(key.resource_label)  # relayed, first_sync
         self.forwarded_auth = forwarded_auth
         self.clock = clock
         self._cache_admits = cache_admits
@@ -116,7 +168,13 @@ class Fetcher:
         )
 
     async def list(self, action: OpenList) -> Outcome:
-        """A full paginated list, as one outcome."""
+        """A full paginated list, as one outcome; the first list of a key with a first client
+        to relay to is a watch-list instead (see :mod:`watchproxy.hub.firstsync`)."""
+        relay, self.first_sync = self.first_sync, None
+        if relay is not None and not action.relist and action.not_older_than is None:
+            outcome = await self.initial_events(relay)
+            if outcome is not None:
+                return outcome
         items: list[dict[str, Any] | ListedObject] = []
         list_rv: str | None = None
         token = ""
@@ -178,6 +236,131 @@ class Fetcher:
             if not token:
                 return Listed(items, list_rv)
 
+    async def initial_events(self, relay: FirstSync) -> Outcome | None:
+        """The key's first list, read from one upstream watch-list up to its initial-events-end
+        bookmark, its lines relayed to ``relay`` as they come: Listed at that bookmark's RV.
+        Refused with its answer when the apiserver refuses it, but None when it refuses
+        watch-lists (422) or answers in another encoding: nothing was relayed, the caller
+        lists page by page."""
+        try:
+            return await self._initial_events(relay)
+        finally:
+            relay.abandon()  # unless it ended or was abandoned: a failure, a cancel, a bug
+
+    async def _initial_events(self, relay: FirstSync) -> Outcome | None:
+        path = self._path(
+            watch="true",
+            sendInitialEvents="true",
+            resourceVersionMatch="NotOlderThan",
+            allowWatchBookmarks="true",
+            timeoutSeconds=str(self.initial_timeout_seconds),
+        )
+        try:
+            answer = await self._open(path, "watch")
+        except ProxyError as error:
+            return self._broken(error)
+        if answer.status == 422:  # no watch-lists here (the WatchList gate is off): pages
+            answer.close()
+            self._watch_lists_refused()
+            return None
+        if answer.status != 200:
+            # The key's answer (a 404 for a resource that is not there, a 403, a 429): as
+            # the LIST's would be, without a LIST to learn it again.
+            try:
+                body = await answer.body()
+            except ProxyError as error:
+                return self._broken(error)
+            finally:
+                answer.close()
+            return Refused(answer.status, body, answer.content_type, answer.retry_after)
+        if _media_type(answer.content_type) != "application/json":
+            answer.close()
+            return None
+        relay.open()
+        # Every ADDED line, in runs as they came (a run is nearly always a piece of the body
+        # that holds only whole ADDED lines), parsed once all are in.
+        kept: list[bytes] = []
+        end_rv: str | None = None
+        after: list[bytes] = []  # what came after the end bookmark in its run
+        outcome: Outcome | None = None
+        handed = False  # the stream is the first client's (see FirstSync.hand_over)
+        size = 0
+        runs = answer.line_runs()
+        try:
+            async for run in runs:
+                if _no_bookmark(run):
+                    relay.put([run], len(run))
+                    kept.append(run)
+                    size += len(run)
+                else:
+                    parts, end_rv, strange, after = _initial_lines(_lines_of(run))
+                    for added, bookmark, end in parts:
+                        part_size = sum(map(len, added))
+                        relay.put(added, part_size)
+                        kept.extend(added)
+                        size += part_size
+                        if bookmark is not None:
+                            relay.bookmark(bookmark, end=end)
+                    if strange is not None:
+                        outcome = Broken(f"{strange} in the initial events of a watch-list")
+                        break
+                if not self._cache_admits(size):
+                    # Not shared: the first client has had part of the initial events, and
+                    # gets the rest of this stream as its own, as a client passed through.
+                    outcome = Unshareable(NotShared.CACHE_FULL)
+                    handed = relay.hand_over(_KeptWatch("", answer, runs, after))
+                    break
+                if end_rv is not None:
+                    break
+            else:
+                outcome = Broken("the watch-list ended before its initial events did")
+        except ProxyError as error:
+            outcome = self._broken(error)
+        finally:
+            if (end_rv is None or outcome is not None) and not handed:
+                await runs.aclose()
+                answer.close()
+        if outcome is not None or end_rv is None:
+            relay.fail()  # (not after a hand-over)
+            return outcome or Broken("no initial-events-end bookmark")
+        # The same stream goes on as the key's shared watch from the end bookmark's RV: one
+        # upstream request for the list and the watch (see watch()).
+        self._kept = _KeptWatch(end_rv, answer, runs, after)
+        relay.end(end_rv)
+        await relay.written(RELAY_WRITE_SECONDS)
+        listed = await self._listed_runs(kept, end_rv)
+        if not isinstance(listed, Listed):
+            await self.close()
+        return listed
+
+    async def close(self) -> None:
+        """Close what the fetcher keeps open between two outcomes (see :meth:`watch`)."""
+        kept, self._kept = self._kept, None
+        if kept is not None:
+            await kept.close()
+
+    async def _listed_runs(self, runs: MutableSequence[bytes], rv: str) -> Outcome:
+        """Runs of ADDED lines as the cache keeps their objects, parsed a slice at a time;
+        each run is let go once its lines are cut from it."""
+        rep = self.representation
+        items: list[dict[str, Any] | ListedObject] = []
+        runs.reverse()
+        parsed = 0
+        try:
+            while runs:
+                for line in _lines_of(runs.pop()):
+                    kind, obj = rep.decode_event(line)
+                    if kind != "ADDED":
+                        return Broken(f"an event of type {kind} in the initial events")
+                    items.append(cachestate.listed(rep, rep.prepare(obj), line))
+                    parsed += 1
+                    if parsed % PARSE_SLICE == 0:
+                        await asyncio.sleep(0)
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            return Broken(f"unreadable initial event: {type(error).__name__}")
+        self._sent.inc(len(items))
+        return Listed(items, rv)
+
     async def watch(self, action: OpenWatch) -> WatchOutcomes:
         """One upstream watch, read to its end, as outcomes.
 
@@ -193,8 +376,12 @@ class Fetcher:
             timeoutSeconds=str(action.timeout_seconds),
         )
         outcome: Outcome
+        kept, self._kept = self._kept, None
+        if kept is not None and kept.rv != action.resource_version:
+            await kept.close()  # the watch starts elsewhere (a client wants older history)
+            kept = None
         try:
-            answer = await self._open(path, "watch")
+            answer = kept.answer if kept is not None else await self._open(path, "watch")
         except ProxyError as error:
             outcome = self._broken(error)
         else:
@@ -204,7 +391,13 @@ class Fetcher:
                 else:
                     deadline = yield Opened()
                     loop = asyncio.get_running_loop()
-                    lines = answer.frames() if self.representation.framed else answer.lines()
+                    lines: AsyncGenerator[bytes, None]
+                    if kept is not None:
+                        lines = kept.lines()
+                    elif self.representation.framed:
+                        lines = answer.frames()
+                    else:
+                        lines = answer.lines()
                     try:
                         # The silence timer, moved by every line the machine takes in: a
                         # half-open connection or a hung apiserver reads nothing, forever.
@@ -388,3 +581,61 @@ class Fetcher:
         finally:
             answer.close()
         return REPLAY_FAILED  # ended without its initial-events-end bookmark
+
+
+# A run of a watch-list's initial events: ADDED lines, then the bookmark that ended the run
+# (None at the end of a batch) and whether it is the initial-events-end one.
+_Run = tuple[list[bytes], bytes | None, bool]
+
+
+def _initial_lines(
+    batch: list[bytes],
+) -> tuple[list[_Run], str | None, str | None, list[bytes]]:
+    """A batch of a watch-list's lines before its end, in runs (nearly always one: its ADDED
+    lines); the end bookmark's RV if it came; what else came, if anything did; the lines
+    after the end bookmark (the shared watch's first)."""
+    runs: list[_Run] = []
+    start = 0
+    for index, line in enumerate(batch):
+        if line.startswith(_ADDED_LINE) or not line.strip():
+            continue
+        try:
+            event = json.loads(line)
+            kind, obj = event["type"], event["object"]
+            if kind != "BOOKMARK":
+                # The client gets it as the apiserver sent it, its stream ends after it.
+                runs.append(([*_added(batch[start:index]), line], None, False))
+                return runs, None, f"an event of type {kind}", []
+            meta = obj["metadata"]
+            end = (meta.get("annotations") or {}).get(INITIAL_EVENTS_END) == "true"
+            runs.append((_added(batch[start:index]), line, end))
+            start = index + 1
+            if end:
+                return runs, str(meta["resourceVersion"]), None, batch[start:]
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            return runs, None, f"an unreadable line ({type(error).__name__})", []
+    runs.append((_added(batch[start:] if start else batch), None, False))
+    return runs, None, None, []
+
+
+def _no_bookmark(run: bytes) -> bool:
+    """Whether ``run`` holds no bookmark: one search of the run, with no line cut out of it.
+
+    Before its end bookmark a watch-list carries ADDED events only, or an ERROR, which goes
+    to the client as the apiserver sent it and fails the state when it is parsed."""
+    return _BOOKMARK_LINE not in run
+
+
+def _lines_of(run: bytes) -> list[bytes]:
+    """The ``\n``-terminated lines of ``run`` (cut by one C call but where a ``\r`` is, which
+    the apiserver's JSON never holds and ``splitlines`` would cut at too)."""
+    if b"\r" not in run:
+        return run.splitlines(keepends=True)
+    return [line + b"\n" for line in run[:-1].split(b"\n")]
+
+
+def _added(lines: list[bytes]) -> list[bytes]:
+    """``lines`` without blank ones (which only a line-per-line reader would drop)."""
+    if all(line.startswith(_ADDED_LINE) for line in lines):
+        return lines
+    return [line for line in lines if line.strip()]

@@ -19,6 +19,7 @@ an encoding the kind lacks) is a named reason, never an HTTP status: its clients
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
@@ -29,12 +30,18 @@ from typing import Any
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from watchproxy.config import HubConfig
-from watchproxy.errors import TooManyRequests, UpstreamTimeout, UpstreamUnavailable
+from watchproxy.errors import (
+    ProxyError,
+    TooManyRequests,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+)
 from watchproxy.hub.cachetypes import StartPlan
+from watchproxy.hub.firstsync import FirstSync, Relay
 from watchproxy.hub.freshwatch import not_current
 from watchproxy.hub.historybudget import HistoryBudget
 from watchproxy.hub.outcomes import NotShared
-from watchproxy.hub.ports import UpstreamHealth, WatchSource, WatchStarter
+from watchproxy.hub.ports import UpstreamHealth, WatchSink, WatchSource, WatchStarter
 from watchproxy.hub.sharedwatch import KeyNotShared, SharedWatch, UpstreamRefused
 from watchproxy.hub.subscriber import Subscriber, SubscriberOptions
 from watchproxy.hub.watchkey import Unservable, WatchKey, identity_of, watch_key
@@ -70,6 +77,8 @@ class Refusal:
 
 
 STREAMED = "streamed"  # Hub.serve wrote the client's whole watch stream
+NOT_RELAYED = "not relayed"  # a cold key's first client is served the ordinary way
+INITIAL_EVENTS_END_MARK = b'"k8s.io/initial-events-end":"true"'
 
 
 class Hub:
@@ -119,7 +128,11 @@ class Hub:
         self.watch_lists = WatchListSupport(source, clock)
 
     def _shared(
-        self, key: WatchKey, representation: Representation, auth: str | None
+        self,
+        key: WatchKey,
+        representation: Representation,
+        auth: str | None,
+        first_sync: FirstSync | None = None,
     ) -> SharedWatch:
         shared = self.watches.get(key)
         if shared is not None and not shared.closed:
@@ -137,6 +150,8 @@ class Hub:
             clock=self.clock,
             budget=self.history_budget,
             cache_admits=self._cache_admits,
+            first_sync=first_sync,
+            watch_lists_refused=lambda: self.watch_lists.refused(key),
         )
         resource = key.resource_label
         if resource not in self._history_resources:
@@ -228,9 +243,16 @@ class Hub:
                 "the apiserver is unreachable and this watch has no shared state yet; "
                 f"watchproxy checks again in {self.health.retry_after():.0f}s"
             )
+        relay: FirstSync | None = None
+        if (shared is None or shared.closed) and self._relayable(key, representation, query):
+            relay = FirstSync(
+                initial_events_end=query.watch_list, bookmarks=bool(query.allow_watch_bookmarks)
+            )
         # A shared watch whose first LIST is yet to be sent will list a state that is current.
         existed = shared is not None and not shared.closed and shared.upstream_attempts > 0
-        shared = self._shared(key, representation, auth)
+        if shared is not None and not shared.closed:
+            relay = None  # only the client that starts the key is relayed its initial events
+        shared = self._shared(key, representation, auth, relay)
         resuming = query.resource_version not in (None, "", "0") and not query.send_initial_events
         if resuming and query.resource_version is not None:
             shared.want(query.resource_version)
@@ -238,14 +260,25 @@ class Hub:
         self.active_clients += 1
         gauge = self.metrics.subscribers.labels(key.resource_label)
         gauge.inc()
+        sink: WatchSink | None = None
         try:
+            if relay is not None:
+                relayed = await self._relay(
+                    relay, starter, representation, key, self._deadline(query)
+                )
+                if relayed == STREAMED:
+                    return STREAMED  # the client left, or the relay broke: its stream ended
+                if not isinstance(relayed, str):
+                    sink = relayed  # else nothing was relayed: served the ordinary way
             try:
                 await shared.wait_synced(INITIAL_SYNC_TIMEOUT)
             except KeyNotShared as unshared:
                 self._not_shared(key, representation, unshared.reason)
                 self.metrics.passthrough_watches.labels(unshared.reason.value).inc()
-                return None
+                return await _end(sink) if sink is not None else None
             except UpstreamRefused as refused:
+                if sink is not None:
+                    return await _end(sink)
                 if refused.of_list and refused.status == 403:
                     # RBAC refused the LIST; this client asked to WATCH, and the apiserver's
                     # answer to that differs (its message names the verb): let it answer.
@@ -253,27 +286,37 @@ class Hub:
                     self.metrics.passthrough_watches.labels("list-refused").inc()
                     return None
                 return Refusal(refused.status, refused.body, refused.content_type)
-            fresh = self.config.consistent_list_wait_seconds
-            if existed and await not_current(shared, query.resource_version, fresh, self.clock):
-                self.metrics.passthrough_watches.labels("not-current").inc()
-                return None  # the apiserver answers it consistently
-            plan = await self._plan(shared, query)
-            if plan.outside_window:
-                # Older than this key's history: only the apiserver knows.
-                self.metrics.passthrough_watches.labels("outside-window").inc()
-                return None
-            try:
-                sink = await starter.start(representation.stream_content_type)
-                if plan.expired:
-                    self.metrics.expired.inc()
-                    self.metrics.events_sent.labels(key.resource_label).inc()
-                    await sink.write(shared.cache.expired_line(query.resource_version or ""))
-                    await sink.write_eof()
-                    return STREAMED
-            except ConnectionError:
-                return STREAMED  # the client left while its watch was being set up
-            if resuming:
-                self.metrics.replays.inc()
+            except UpstreamUnavailable:
+                if sink is not None:
+                    return await _end(sink)
+                raise
+            if sink is not None and relay is not None:
+                # It has the state at the watch-list's end: it goes on from there.
+                plan = shared.cache.plan(relay.end_rv)
+                if plan.outside_window or plan.expired:
+                    return await _end(sink)
+            else:
+                fresh = self.config.consistent_list_wait_seconds
+                if existed and await not_current(shared, query.resource_version, fresh, self.clock):
+                    self.metrics.passthrough_watches.labels("not-current").inc()
+                    return None  # the apiserver answers it consistently
+                plan = await self._plan(shared, query)
+                if plan.outside_window:
+                    # Older than this key's history: only the apiserver knows.
+                    self.metrics.passthrough_watches.labels("outside-window").inc()
+                    return None
+                try:
+                    sink = await starter.start(representation.stream_content_type)
+                    if plan.expired:
+                        self.metrics.expired.inc()
+                        self.metrics.events_sent.labels(key.resource_label).inc()
+                        await sink.write(shared.cache.expired_line(query.resource_version or ""))
+                        await sink.write_eof()
+                        return STREAMED
+                except ConnectionError:
+                    return STREAMED  # the client left while its watch was being set up
+                if resuming:
+                    self.metrics.replays.inc()
             subscriber = Subscriber(
                 shared,
                 sink,
@@ -283,6 +326,7 @@ class Hub:
                     bookmark_interval=self.config.bookmark_interval_seconds,
                     max_lag=self.config.max_subscriber_lag,
                     write_timeout=self.config.slow_subscriber_timeout_seconds,
+                    started=relay is not None and relay.state is Relay.ENDED,
                 ),
                 self.metrics,
                 clock=self.clock,
@@ -293,6 +337,80 @@ class Hub:
             gauge.dec()
             self.active_clients -= 1
             shared.detach()
+
+    def _relayable(self, key: WatchKey, representation: Representation, query: WatchQuery) -> bool:
+        """Whether a cold key's first client may be relayed its initial events (firstsync.py):
+        plain JSON, a watch from now, and an apiserver not known to refuse watch-lists (the
+        first list tries one, and a 422 falls back to pages and is remembered)."""
+        if representation.identity != "json" or query.send_initial_events is False:
+            return False
+        if query.resource_version not in (None, "", "0"):
+            return False
+        return self.watch_lists.known(key) is not False
+
+    async def _relay(
+        self,
+        relay: FirstSync,
+        starter: WatchStarter,
+        representation: Representation,
+        key: WatchKey,
+        deadline: float,
+    ) -> WatchSink | str:
+        """Write the relayed initial events to the client: its sink once they are all written;
+        STREAMED when its stream has ended (the client left, or the watch-list broke after
+        lines were relayed: it re-watches, as after the apiserver's own cut); NOT_RELAYED when
+        the hub lists the ordinary way."""
+        try:
+            return await self._relay_lines(relay, starter, representation, key, deadline)
+        except BaseException:
+            # Cancelled, or a bug: nothing more is queued for it, and a stream handed to it
+            # is closed here (a ConnectionError, the client leaving, ends the same way).
+            stream = relay.leave()
+            if stream is not None:
+                await stream.close()
+            raise
+
+    async def _relay_lines(
+        self,
+        relay: FirstSync,
+        starter: WatchStarter,
+        representation: Representation,
+        key: WatchKey,
+        deadline: float,
+    ) -> WatchSink | str:
+        try:
+            opened = await asyncio.wait_for(relay.opened(), INITIAL_SYNC_TIMEOUT)
+        except TimeoutError:
+            relay.abandon()
+            opened = relay.state is not Relay.ABANDONED
+        if not opened:
+            return NOT_RELAYED
+        try:
+            sink = await starter.start(representation.stream_content_type)
+            # A run of lines is one write, but where each event is its own message.
+            by_line = sink.coding.startswith("websocket")
+            while True:
+                runs, size = await relay.take()
+                if not runs:
+                    break
+                if by_line:
+                    runs = [line for run in runs for line in run.splitlines(keepends=True)]
+                if not sink.send_lines(runs, size):
+                    await sink.drain()
+            relay.all_written()
+            if relay.stream is not None:
+                self._not_shared(key, representation, NotShared.CACHE_FULL)
+                self.metrics.passthrough_watches.labels(NotShared.CACHE_FULL.value).inc()
+                await _pass_on(relay, sink, deadline)
+                return STREAMED
+        except ConnectionError:
+            stream = relay.leave()
+            if stream is not None:
+                await stream.close()
+            return STREAMED
+        if relay.state is not Relay.ENDED:
+            return await _end(sink)
+        return sink
 
     def _not_shared(self, key: WatchKey, representation: Representation, why: NotShared) -> None:
         """Remember a key the hub cannot share, so that its next watches pass through at once."""
@@ -362,3 +480,34 @@ class Hub:
 
     def debug(self) -> list[dict[str, Any]]:
         return [w.debug() for w in self.watches.values()]
+
+
+async def _pass_on(relay: FirstSync, sink: WatchSink, deadline: float) -> None:
+    """The rest of a watch-list handed over to its first client (its key is not shared): its
+    lines as they come, the bookmarks the client asked for only, until the client's deadline
+    or the stream's end. Its own, to close."""
+    stream = relay.stream
+    assert stream is not None
+    relay.stream = None
+    lines = stream.lines()
+    try:
+        async with asyncio.timeout(deadline):
+            async for line in lines:
+                if line.startswith(b'{"type":"BOOKMARK"'):
+                    end = INITIAL_EVENTS_END_MARK in line
+                    if not relay.wants(line, end=end):
+                        continue
+                await sink.write(line)
+    except (TimeoutError, ProxyError):
+        pass  # the client's deadline, or the upstream stream broke: both end it cleanly
+    finally:
+        await lines.aclose()
+        await stream.close()
+    await _end(sink)
+
+
+async def _end(sink: WatchSink) -> str:
+    """End a stream that has started: the client re-watches, as after the apiserver's cut."""
+    with contextlib.suppress(ConnectionError):
+        await sink.write_eof()
+    return STREAMED

@@ -41,6 +41,11 @@ class UpstreamAnswer(Protocol):
         """
         ...
 
+    def line_runs(self) -> AsyncGenerator[bytes, None]:
+        """What :meth:`lines` yields, joined as it arrived: the body in pieces that each end
+        at a line's end (a cold key's initial events, taken by the thousand)."""
+        ...
+
     def frames(self) -> AsyncGenerator[bytes, None]:
         """The body as length-prefixed frames (a protobuf watch), each with its prefix."""
         ...

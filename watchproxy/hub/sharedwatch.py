@@ -27,6 +27,7 @@ from watchproxy.config import HubConfig
 from watchproxy.errors import UpstreamUnavailable
 from watchproxy.hub.fanout import Fanout, FanoutPacing, wake
 from watchproxy.hub.fetcher import Fetcher, WatchOutcomes
+from watchproxy.hub.firstsync import FirstSync
 from watchproxy.hub.historybudget import HistoryBudget
 from watchproxy.hub.machine import MachineConfig, SharedWatchMachine, Step
 from watchproxy.hub.outcomes import (
@@ -107,6 +108,8 @@ class SharedWatch:
         clock: Callable[[], float] = time.monotonic,
         budget: HistoryBudget | None = None,
         cache_admits: Callable[[int], bool] = lambda _bytes: True,
+        first_sync: FirstSync | None = None,
+        watch_lists_refused: Callable[[], None] = lambda: None,
     ) -> None:
         self.key = key
         self.representation = representation
@@ -140,6 +143,14 @@ class SharedWatch:
             forwarded_auth=forwarded_auth,
             clock=clock,
             cache_admits=cache_admits,
+            first_sync=first_sync,
+            # The first list's watch-list goes on as the shared watch: a lifetime as any.
+            initial_timeout_seconds=int(
+                rng.uniform(
+                    hub_config.upstream_watch_min_seconds, hub_config.upstream_watch_max_seconds
+                )
+            ),
+            watch_lists_refused=watch_lists_refused,
         )
         pacing = FanoutPacing(hub_config.fanout_max_delay_seconds, hub_config.fanout_cpu_share)
         self.fanout = Fanout(self.cache, metrics, key.resource_label, lambda: self.closed, pacing)
@@ -240,6 +251,8 @@ class SharedWatch:
     async def close(self) -> None:
         """Stop the upstream watch and wake every subscriber so that it ends its stream."""
         self._closing = True
+        if self.fetcher.first_sync is not None:
+            self.fetcher.first_sync.abandon()  # never listed: its client is not kept waiting
         for task in (self._task, self._linger):
             if task is not None:
                 task.cancel()  # the loop feeds its machine Stop
@@ -305,6 +318,7 @@ class SharedWatch:
                     raise
                 log.exception("shared watch %s: unexpected error", self.key.collection_path)
                 crashed, outcome = True, Stop()
+        await self.fetcher.close()  # a watch-list kept for a watch that never came
         if crashed:
             self._synced.set()
             self._notify()

@@ -54,6 +54,9 @@ class SubscriberOptions:
     bookmark_interval: float
     max_lag: int
     write_timeout: float
+    # Lines were written before this subscriber (a cold key's relayed initial events): its
+    # first line is not the stream's, and it parks in the fan-out as soon as it is caught up.
+    started: bool = False
 
 
 class Subscriber:
@@ -112,7 +115,7 @@ class Subscriber:
         started = self.clock()
         deadline = started + self.options.deadline_seconds
         next_bookmark = started + self.options.bookmark_interval
-        first_line = True
+        first_line = not self.options.started
         live = LiveCursor(self.sink, cursor, start_rv, min_rv)
         try:
             if plan.initial:

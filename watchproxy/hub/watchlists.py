@@ -41,6 +41,17 @@ class WatchListSupport:
         self.clock = clock
         self._known: dict[str, tuple[bool, float]] = {}  # group version -> (served, until)
 
+    def known(self, key: WatchKey) -> bool | None:
+        """What is known of ``key``'s apiserver without asking (None: nothing yet)."""
+        known = self._known.get(key.resource_label.rpartition("/")[0])
+        return known[0] if known is not None and known[1] > self.clock() else None
+
+    def refused(self, key: WatchKey) -> None:
+        """``key``'s apiserver refused a watch-list the hub sent (a 422)."""
+        group_version = key.resource_label.rpartition("/")[0]
+        log.info("the apiserver refuses watch-lists of %s", group_version)
+        self._known[group_version] = (False, self.clock() + REASK_SECONDS)
+
     async def served(self, key: WatchKey, forwarded_auth: str | None) -> bool:
         """Whether ``key``'s apiserver serves watch-lists (True when it cannot be told)."""
         group_version = key.resource_label.rpartition("/")[0]

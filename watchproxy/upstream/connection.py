@@ -356,14 +356,18 @@ class Connection(asyncio.BufferedProtocol):
         self._consumed(self._buffered)
         return data
 
-    async def next_chunk(self) -> bytes | None:
-        """The next part of the body, or None at its end."""
+    async def next_chunk(self, *, joined: bool = False) -> bytes | None:
+        """The next part of the body, or None at its end; ``joined``: every part that has
+        arrived and was not taken yet, as one (an apiserver writes a watch's events one HTTP
+        chunk each: a reader that takes them by the thousand takes a read's worth at once)."""
         while not self._chunks:
             if self._ended:
                 return None
             if self._error is not None:
                 raise self._error
             await self._wait()
+        if joined:
+            return self.take_all()
         chunk = self._chunks.popleft()
         self._consumed(len(chunk))
         return chunk

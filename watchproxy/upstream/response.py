@@ -94,8 +94,9 @@ class UpstreamResponse:
                 return b"".join(parts)[: self.max_body]
         return b"".join(parts)
 
-    async def chunks(self) -> AsyncGenerator[bytes, None]:
-        """The rest of the body, as it arrives."""
+    async def chunks(self, *, joined: bool = False) -> AsyncGenerator[bytes, None]:
+        """The rest of the body, as it arrives; ``joined``: what has arrived since the last
+        part was taken, as one part (see ``Connection.next_chunk``)."""
         connection = self._connection
         assert connection is not None, "read after release"
         read_timeout = self._read_timeout
@@ -105,7 +106,7 @@ class UpstreamResponse:
             failure: BaseException | None = None
             try:
                 async with asyncio.timeout(read_timeout):
-                    chunk = await connection.next_chunk()
+                    chunk = await connection.next_chunk(joined=joined)
             except Broken as error:
                 failure = UpstreamUnavailable(f"the upstream answer broke: {error}")
             except TimeoutError:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
+from typing import TypeVar
 
 from watchproxy.config import UpstreamConfig
 from watchproxy.errors import UpstreamBodyTooLarge, UpstreamUnavailable
@@ -19,10 +20,13 @@ from watchproxy.upstream.bodies import (
     decoded,
     decoded_whole,
     read_frames,
+    read_line_runs,
     read_lines,
 )
 from watchproxy.upstream.client import Upstream
 from watchproxy.upstream.response import UpstreamResponse
+
+_Record = TypeVar("_Record")
 
 
 class _Answer:
@@ -66,11 +70,15 @@ class _Answer:
         chunks = decoded(self._response.chunks(), self._encoding)
         return self._records(read_lines(chunks, self._max_line))
 
+    def line_runs(self) -> AsyncGenerator[bytes, None]:
+        chunks = decoded(self._response.chunks(joined=True), self._encoding, joined=True)
+        return self._records(read_line_runs(chunks, self._max_line))
+
     def frames(self) -> AsyncGenerator[bytes, None]:
         chunks = decoded(self._response.chunks(), self._encoding)
         return self._records(read_frames(chunks, self._max_line))
 
-    async def _records(self, inner: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:
+    async def _records(self, inner: AsyncIterator[_Record]) -> AsyncGenerator[_Record, None]:
         failure: str | None = None
         try:
             async for line in inner:

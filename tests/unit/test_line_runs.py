@@ -1,0 +1,72 @@
+"""A cold key's watch-list, taken in runs of whole lines (``read_line_runs``) and split at its
+initial-events-end bookmark (``fetcher._initial_lines``): whatever the pieces the body came in,
+the runs hold exactly its lines, in order, and the end bookmark is found wherever it falls."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import AsyncIterator
+
+import pytest
+
+from watchproxy.hub.fetcher import _initial_lines, _lines_of
+from watchproxy.upstream.bodies import LineTooLong, read_line_runs
+
+
+def added(i: int) -> bytes:
+    obj = {"kind": "Pod", "apiVersion": "v1", "metadata": {"name": f"p{i}", "resourceVersion": "7"}}
+    return json.dumps({"type": "ADDED", "object": obj}, separators=(",", ":")).encode() + b"\n"
+
+
+def bookmark(rv: str, *, end: bool) -> bytes:
+    meta: dict[str, object] = {"resourceVersion": rv}
+    if end:
+        meta["annotations"] = {"k8s.io/initial-events-end": "true"}
+    obj = {"kind": "Pod", "apiVersion": "v1", "metadata": meta}
+    return json.dumps({"type": "BOOKMARK", "object": obj}, separators=(",", ":")).encode() + b"\n"
+
+
+async def pieces(body: bytes, rng: random.Random) -> AsyncIterator[bytes]:
+    start = 0
+    while start < len(body):
+        size = rng.randint(1, 400)
+        yield body[start : start + size]
+        start += size
+
+
+@pytest.mark.parametrize("seed", range(20))
+async def test_runs_hold_the_body_s_lines_whatever_its_pieces(seed: int) -> None:
+    lines = [added(i) for i in range(50)]
+    body = b"".join(lines) + b'{"type":"ADD'  # a truncated last line is not a line
+    runs = [run async for run in read_line_runs(pieces(body, random.Random(seed)), 10_000)]
+    assert all(run.endswith(b"\n") for run in runs)
+    assert [line for run in runs for line in _lines_of(run)] == lines
+
+
+async def test_a_line_longer_than_the_limit_is_refused() -> None:
+    body = added(1) + b"x" * 5000 + b"\n"
+    with pytest.raises(LineTooLong):
+        _ = [run async for run in read_line_runs(pieces(body, random.Random(1)), 1000)]
+
+
+def test_the_end_bookmark_splits_a_run_and_what_follows_is_kept() -> None:
+    modified = added(9).replace(b'"ADDED"', b'"MODIFIED"')
+    batch = [added(1), added(2), bookmark("40", end=True), modified]
+    runs, end_rv, strange, after = _initial_lines(batch)
+    assert (end_rv, strange, after) == ("40", None, [modified])
+    assert runs == [([added(1), added(2)], bookmark("40", end=True), True)]
+
+
+def test_a_progress_bookmark_before_the_end_is_its_own_run() -> None:
+    batch = [added(1), bookmark("30", end=False), added(2)]
+    runs, end_rv, strange, after = _initial_lines(batch)
+    assert (end_rv, strange, after) == (None, None, [])
+    assert runs == [([added(1)], bookmark("30", end=False), False), ([added(2)], None, False)]
+
+
+def test_an_error_before_the_end_is_reported() -> None:
+    error = b'{"type":"ERROR","object":{"kind":"Status","code":410}}\n'
+    runs, end_rv, strange, _ = _initial_lines([added(1), error])
+    assert runs == [([added(1), error], None, False)]  # relayed as it came, then the end
+    assert end_rv is None and strange == "an event of type ERROR"
