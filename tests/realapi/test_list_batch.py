@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.clients.build import build_watchclient
 from tests.clients.build_rust_node import build_kubewatch
 from tests.clients.process import ClientProcess
-from tests.harness import kubectl
+from tests.harness import kubectl, wait_for
 from tests.realapi.fixture import RealApiServer
 from tests.realapi.kubeapi import Api, ticking
 from tests.realapi.test_protobuf import protobuf_watch
@@ -161,6 +161,11 @@ async def test_a_namespaced_list_is_answered_from_a_cluster_wide_watch(
         metrics = running.proxy.metrics.registry
         # Synced once the initial ADDEDs are out (ours, and those of other namespaces).
         await watch.wait_for(lambda events: len(events) >= 5, what="the initial configmaps")
+        # The first client of a cold key gets the apiserver's own initial events before the
+        # hub has built its state from them: the LIST is the hub's once that state is in.
+        hub = running.proxy.hub
+        assert hub is not None
+        await wait_for(lambda: all(w.cache.synced for w in hub.watches.values()), what="synced")
         # The collection moves; then a write the LIST must see.
         async with ticking(direct, cms, configmap("ticker")):
             await direct.ok("POST", cms, body=configmap("mark"))
