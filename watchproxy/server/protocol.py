@@ -719,8 +719,6 @@ class HttpProtocol(asyncio.Protocol):
         transport = self.transport
         if transport is None or transport.is_closing():
             return
-        self._dead = True
-        self._timer.stop()
         head = response_head(
             answer.status, answer.reason, answer.headers, length=len(answer.body), close=True
         )
