@@ -306,3 +306,32 @@ async def test_a_body_trickling_under_the_minimum_rate_gets_408(tmp_path: Any) -
             assert BODY_DEADLINE * 0.9 <= waited < 10, waited
         finally:
             writer.close()
+
+
+async def test_a_client_still_sending_after_the_408_reads_it_however_late_it_reads(
+    tmp_path: Any,
+) -> None:
+    """The 408 goes out with the end of the writing side; the connection then drops what the
+    client keeps sending until it falls silent. Closed at a fixed second after the answer, a
+    byte the client sent later made the kernel reset the connection, and the reset took the
+    unread 408 with it (the suite's trickling client under load)."""
+    overrides = {"limits.body_timeout_seconds": BODY_DEADLINE}
+    body = _configmap("late-reader", 1000)
+    async with running_proxy(tmp_path, overrides) as running:
+        reader, writer = await asyncio.open_connection("127.0.0.1", running.proxy.api_port)
+        try:
+            writer.write(_post_head(len(body)) + body[:10])
+            await writer.drain()
+            # The client sends a byte now and then and reads nothing for three seconds: the
+            # 408 and the proxy's FIN wait in its socket meanwhile.
+            loop = asyncio.get_running_loop()
+            stop_at = loop.time() + 3.0
+            for byte in body[10:]:
+                if loop.time() >= stop_at:
+                    break
+                writer.write(bytes([byte]))
+                await asyncio.sleep(0.2)
+            code, status = await _read_reply(reader)
+            assert code == 408 and status["reason"] == "Timeout", status
+        finally:
+            writer.close()

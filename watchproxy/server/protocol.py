@@ -52,10 +52,14 @@ State = Literal["head", "body", "idle", "active"]
 # A keep-alive connection idle this long is closed.
 IDLE_TIMEOUT_SECONDS = 3630.0
 # After a last answer (a 408, a refusal of a malformed request) the connection reads (and
-# drops) what the client still sends for this long before closing: closing a socket that then
-# receives data makes the kernel send a reset, and a reset can overtake the answer at the
-# client, which then reads only "connection reset".
-LINGER_SECONDS = 1.0
+# drops) what the client still sends, and closes once the client has sent nothing for
+# LINGER_SECONDS, or LINGER_MAX_SECONDS after the answer: closing a socket that then receives
+# data makes the kernel send a reset, and a reset can overtake the answer at the client, which
+# then reads only "connection reset" (a client still sending its body has not read the answer
+# yet). A fixed second was not enough for a client that sends while it is slow to read (the
+# suite's trickling client under load); nginx's lingering close works the same way.
+LINGER_SECONDS = 2.0
+LINGER_MAX_SECONDS = 30.0
 # Limits of a request head (those aiohttp's parser had: a longer line or field, or more
 # fields, is refused with a 400).
 MAX_LINE = 8190
@@ -260,6 +264,8 @@ class HttpProtocol(asyncio.Protocol):
         self._tunnel: Tunnel | None = None
         self._dead = False  # parse nothing more (a malformed request, a 408)
         self._closer: asyncio.TimerHandle | None = None  # see LINGER_SECONDS
+        self._heard_at = 0.0  # when the client last sent bytes (a lingering close reads it)
+        self._linger_until = 0.0
         # Counted from here, not from connection_made: the loop may accept a whole batch of
         # connections (calling this factory for each) before any of them is "made".
         self._move("head")
@@ -302,6 +308,7 @@ class HttpProtocol(asyncio.Protocol):
             tunnel.feed_data(data)
             return
         if self._dead:
+            self._heard_at = self.loop.time()  # a lingering close waits for its silence
             return
         if self._upgraded is not None and self._upgraded.complete:
             self._tail += data  # the new protocol's, once its handler takes the connection
@@ -500,7 +507,10 @@ class HttpProtocol(asyncio.Protocol):
             if transport is None or transport.is_closing():
                 return
             if not response.finished or response.close or pending is self._upgraded:
-                transport.close()  # (a connection taken over: its handler closed it already)
+                if pending.complete or pending is self._upgraded:
+                    transport.close()  # (a connection taken over: its handler closed it already)
+                else:
+                    self._close_lingering()  # the client may still be sending its body
                 return
             if not pending.complete:
                 # Answered before its body was in: the rest is read and dropped before the
@@ -705,22 +715,44 @@ class HttpProtocol(asyncio.Protocol):
         self._serve_next()
 
     def _last_answer(self, answer: Answer) -> None:
-        """Write a last answer, end the writing side, and close after LINGER_SECONDS (or
-        when the client does), dropping what it sends meanwhile."""
+        """Write a last answer, then close lingering (see :meth:`_close_lingering`)."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        head = response_head(
+            answer.status, answer.reason, answer.headers, length=len(answer.body), close=True
+        )
+        transport.write(head + answer.body)
+        self._close_lingering()
+
+    def _close_lingering(self) -> None:
+        """End the writing side now and the connection once the client is silent (see
+        LINGER_SECONDS), dropping what it still sends."""
         transport = self.transport
         if transport is None or transport.is_closing():
             return
         self._dead = True
         self._timer.stop()
-        head = response_head(
-            answer.status, answer.reason, answer.headers, length=len(answer.body), close=True
-        )
-        transport.write(head + answer.body)
         if not transport.can_write_eof():
             transport.close()
             return
         transport.write_eof()
-        self._closer = self.loop.call_later(LINGER_SECONDS, transport.close)
+        now = self._heard_at = self.loop.time()
+        self._linger_until = now + LINGER_MAX_SECONDS
+        self._closer = self.loop.call_later(LINGER_SECONDS, self._end_linger)
+
+    def _end_linger(self) -> None:
+        """Close once the client has been silent for LINGER_SECONDS (or at the bound)."""
+        self._closer = None
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        now = self.loop.time()
+        quiet_at = self._heard_at + LINGER_SECONDS
+        if now >= quiet_at or now >= self._linger_until:
+            transport.close()
+            return
+        self._closer = self.loop.call_at(min(quiet_at, self._linger_until), self._end_linger)
 
 
 class _AfterUpgrade(Exception):
