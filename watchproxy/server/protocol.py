@@ -802,8 +802,7 @@ class Response:
         return self._conn.transport
 
     def client_gone(self) -> bool:
-        transport = self._conn.transport
-        return transport is None or transport.is_closing()
+        return self._live_transport() is None
 
     async def body(self, limit: int) -> bytes:
         """The request's whole body, at most ``limit`` bytes (``PayloadTooLarge``); the
@@ -816,9 +815,14 @@ class Response:
         """What the parser found wrong with the body before anyone read it (a 413)."""
         return self._pending.error
 
-    def _write(self, data: bytes) -> None:
+    def _live_transport(self) -> asyncio.Transport | None:
+        """The connection's transport while the client is there to be written to."""
         transport = self._conn.transport
-        if transport is not None and not transport.is_closing():
+        return None if transport is None or transport.is_closing() else transport
+
+    def _write(self, data: bytes) -> None:
+        transport = self._live_transport()
+        if transport is not None:
             transport.write(data)
 
     def start(
@@ -858,8 +862,8 @@ class Response:
             # is, between its framing: formatted into one frame it would be copied, and the
             # transport holds that copy until the client takes it, twice the piece per slow
             # reader (tests/component/test_hub_list_stream.py measures it).
-            transport = self._conn.transport
-            if transport is not None and not transport.is_closing():
+            transport = self._live_transport()
+            if transport is not None:
                 transport.writelines((b"%x\r\n" % len(data), data, b"\r\n"))
 
     async def drain(self) -> None:
