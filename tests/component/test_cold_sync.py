@@ -201,3 +201,25 @@ async def test_a_client_that_leaves_during_the_relay_leaves_the_key_to_sync(
             assert sorted(names) == [f"web-{i:02}" for i in range(30)]
         relayed, *after = pod_requests(fake)
         assert "sendInitialEvents=true" in relayed and after in ([], ["limit=1"])
+
+
+async def test_a_key_synced_from_an_empty_watch_list_makes_bookmarks_of_its_kind(
+    tmp_path: Any,
+) -> None:
+    """A watch-list of an empty collection carries no object to learn the kind from but its
+    bookmark: the hub's own bookmarks for the key (here a later client's initial-events-end)
+    still carry kind and apiVersion, which client-go's decoder requires ("Object 'Kind' is
+    missing")."""
+    async with running_proxy(tmp_path) as running, aiohttp.ClientSession() as session:
+        hub = running.proxy.hub
+        assert hub is not None
+        async with reading(session, running.url + PODS + WATCH_LIST) as first:
+            (end,) = await first.until(1)
+            assert end["type"] == "BOOKMARK"
+            await wait_for(
+                lambda: any(w.cache.synced for w in hub.watches.values()), what="a synced key"
+            )
+            async with reading(session, running.url + PODS + WATCH_LIST) as second:
+                (bookmark,) = await second.until(1)
+        assert bookmark["type"] == "BOOKMARK"
+        assert (bookmark["object"]["kind"], bookmark["object"]["apiVersion"]) == ("Pod", "v1")

@@ -301,6 +301,8 @@ class Fetcher:
                         size += part_size
                         if bookmark is not None:
                             relay.bookmark(bookmark, end=end)
+                            if end:
+                                self._learn_kind(bookmark)
                     if strange is not None:
                         outcome = Broken(f"{strange} in the initial events of a watch-list")
                         break
@@ -332,6 +334,13 @@ class Fetcher:
         if not isinstance(listed, Listed):
             await self.close()
         return listed
+
+    def _learn_kind(self, bookmark: bytes) -> None:
+        """The kind and apiVersion of the key's objects, from a watch-list's end bookmark: of
+        an empty collection it is the only object there is, and the hub's own bookmarks are
+        made of the kind a paged LIST would have taught (client-go refuses a kindless one)."""
+        _, obj = self.representation.decode_event(bookmark)
+        self.representation.prepare(obj)
 
     async def close(self) -> None:
         """Close what the fetcher keeps open between two outcomes (see :meth:`watch`)."""
