@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+from tests.buildcache import restore_or_build
+
 GO_DIR = Path(__file__).resolve().parent / "go"
 GO_BIN_DIR = GO_DIR / "bin"  # gitignored
 WATCHCLIENT = GO_BIN_DIR / "watchclient"
@@ -77,26 +79,37 @@ def go_build(
     # Build next to the target and rename: an interrupted build never leaves a binary that
     # looks up to date.
     partial = binary.parent / f".{binary.name}.partial"
-    try:
-        result = subprocess.run(
-            [go, "build", "-o", str(partial), package],
-            cwd=module_dir,
-            env={**os.environ, "CGO_ENABLED": "0"},
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise BuildFailed(
-            f"go build of {binary.name} did not finish within {timeout:.0f} s"
-        ) from exc
-    if result.returncode != 0:
-        raise BuildFailed(
-            f"go build of {binary.name} failed ({result.returncode}):\n{result.stderr}"
-        )
-    os.replace(partial, binary)
+    command = [go, "build", "-o", str(partial), package]
+
+    def build() -> None:
+        try:
+            result = subprocess.run(
+                command,
+                cwd=module_dir,
+                env={**os.environ, "CGO_ENABLED": "0"},
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise BuildFailed(
+                f"go build of {binary.name} did not finish within {timeout:.0f} s"
+            ) from exc
+        if result.returncode != 0:
+            raise BuildFailed(
+                f"go build of {binary.name} failed ({result.returncode}):\n{result.stderr}"
+            )
+        os.replace(partial, binary)
+
+    salt = f"{go_version(go)} CGO_ENABLED=0 {package}"  # the output's path is the checkout's
+    restore_or_build(f"go-{binary.name}", [binary], sources, salt, build)
     return binary
+
+
+def go_version(go: str) -> str:
+    """``go version``'s line: part of what a built program depends on (tests.buildcache)."""
+    return subprocess.run([go, "version"], capture_output=True, text=True, check=True).stdout
 
 
 def build_watchclient(*, timeout: float = BUILD_TIMEOUT) -> Path:

@@ -31,6 +31,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.buildcache import restore_or_build
+
 JAVA_DIR = Path(__file__).resolve().parent / "java"
 BIN_DIR = JAVA_DIR / "bin"  # gitignored
 FABRIC8_JAR = BIN_DIR / "fabric8-informers.jar"
@@ -106,28 +108,35 @@ def build_java_clients(timeout: float = BUILD_TIMEOUT) -> JavaPrograms:
         f"-Dwatchproxy.build.dir={out}",
         "package",
     ]
-    try:
-        done = subprocess.run(
-            command,
-            cwd=JAVA_DIR,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise BuildFailed(f"mvn package did not finish within {timeout:.0f} s") from exc
-    if done.returncode != 0:
-        raise BuildFailed(
-            f"mvn package failed ({done.returncode}):\n{done.stdout[-6000:]}{done.stderr[-3000:]}"
-        )
-    BIN_DIR.mkdir(exist_ok=True)
-    for module, jar in MODULES.items():
-        # Copy, then rename: an interrupted copy never looks up to date.
-        partial = BIN_DIR / f".{jar}.partial"
-        shutil.copy2(out / module / jar, partial)
-        os.replace(partial, BIN_DIR / jar)
-        (BIN_DIR / jar).touch()  # newer than the sources even when Maven had nothing to do
+
+    def build() -> None:
+        try:
+            done = subprocess.run(
+                command,
+                cwd=JAVA_DIR,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise BuildFailed(f"mvn package did not finish within {timeout:.0f} s") from exc
+        if done.returncode != 0:
+            raise BuildFailed(
+                f"mvn package failed ({done.returncode}):\n"
+                f"{done.stdout[-6000:]}{done.stderr[-3000:]}"
+            )
+        BIN_DIR.mkdir(exist_ok=True)
+        for module, jar in MODULES.items():
+            # Copy, then rename: an interrupted copy never looks up to date.
+            partial = BIN_DIR / f".{jar}.partial"
+            shutil.copy2(out / module / jar, partial)
+            os.replace(partial, BIN_DIR / jar)
+            (BIN_DIR / jar).touch()  # newer than the sources even when Maven had nothing to do
+
+    # The toolchain's real paths carry its versions (/usr/lib/jvm/java-17-openjdk-amd64/...).
+    salt = f"{os.path.realpath(java)} {os.path.realpath(mvn)} package"
+    restore_or_build("java-informers", jars, sources(), salt, build)
     return JavaPrograms(java, FABRIC8_JAR, CLIENT_JAVA_JAR)
 
 

@@ -17,7 +17,15 @@ import sys
 import time
 from pathlib import Path
 
-from tests.clients.build import BuildFailed, ToolchainMissing, find_go, go_sources, is_fresh
+from tests.buildcache import restore_or_build
+from tests.clients.build import (
+    BuildFailed,
+    ToolchainMissing,
+    find_go,
+    go_sources,
+    go_version,
+    is_fresh,
+)
 
 HERE = Path(__file__).resolve().parent
 BINARY = HERE / "bin" / "conformance"  # gitignored
@@ -66,25 +74,30 @@ def build(*, timeout: float = BUILD_TIMEOUT) -> Path:
     command = [go, "build", "-trimpath", f"-ldflags={ldflags(kubernetes_version())}"]
     command += ["-o", str(partial), "."]
     env = {**os.environ, "GOFLAGS": f"{os.environ.get('GOFLAGS', '')} -mod=readonly".strip()}
-    try:
-        result = subprocess.run(
-            command,
-            cwd=HERE,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise BuildFailed(
-            f"go build of {BINARY.name} did not finish within {timeout:.0f} s"
-        ) from exc
-    if result.returncode != 0:
-        raise BuildFailed(
-            f"go build of {BINARY.name} failed ({result.returncode}):\n{result.stderr}"
-        )
-    os.replace(partial, BINARY)
+
+    def run_build() -> None:
+        try:
+            result = subprocess.run(
+                command,
+                cwd=HERE,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise BuildFailed(
+                f"go build of {BINARY.name} did not finish within {timeout:.0f} s"
+            ) from exc
+        if result.returncode != 0:
+            raise BuildFailed(
+                f"go build of {BINARY.name} failed ({result.returncode}):\n{result.stderr}"
+            )
+        os.replace(partial, BINARY)
+
+    salt = f"{go_version(go)} {env['GOFLAGS']} {' '.join(command[2:4])}"  # not the output's path
+    restore_or_build("conformance", [BINARY], go_sources(HERE), salt, run_build)
     return BINARY
 
 

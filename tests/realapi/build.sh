@@ -56,6 +56,21 @@ version_stamp() {
     done
 }
 
+cached() {
+    # cached NAME FLAGS OUTPUT INPUT... -- COMMAND...: OUTPUT from tests/buildcache.py's store
+    # when INPUTs, FLAGS and the Go version are those of a stored build; else COMMAND, stored.
+    local name=$1 flags=$2 output=$3
+    shift 3
+    local inputs=()
+    while [ "$1" != "--" ]; do
+        inputs+=("$1")
+        shift
+    done
+    shift
+    PYTHONPATH="$(cd ../.. && pwd)" python3 -m tests.buildcache "$name" \
+        --salt "$(go version) $flags" --output "$output" --inputs "${inputs[@]}" -- "$@"
+}
+
 build_one() {
     local minor=$1 modfile version stamp
     modfile=$(modfile_of "$minor")
@@ -64,7 +79,11 @@ build_one() {
     # go build writes the output only when the build succeeds, and leaves an up-to-date one
     # alone; the touch marks it newer than its sources, which is how the tests recognise a
     # stale binary.
-    go build -modfile="$modfile" -trimpath -ldflags="-s -w$stamp" \
+    # tests/buildcache.py restores the binary a build of the same inputs made (a fresh
+    # clone's link takes seconds even with Go's cache warm).
+    cached "kubetestenv-$minor" "-modfile=$modfile -trimpath -s -w$stamp" \
+        "bin/kubetestenv-$minor" kubetestenv/main.go "$modfile" "${modfile%.mod}.sum" -- \
+        go build -modfile="$modfile" -trimpath -ldflags="-s -w$stamp" \
         -o "bin/kubetestenv-$minor" ./kubetestenv
     touch "bin/kubetestenv-$minor"
 }
@@ -108,7 +127,9 @@ build_kubectl() {
     minor=${version#v1.}
     minor=${minor%%.*}
     stamp=$(version_stamp "$version")
-    (cd kubectl && go build -trimpath -ldflags="-s -w$stamp" -o "../bin/kubectl.1.$minor" .)
+    cached "kubectl.1.$minor" "-trimpath -s -w$stamp" "bin/kubectl.1.$minor" \
+        kubectl/main.go kubectl/go.mod kubectl/go.sum -- \
+        sh -c "cd kubectl && go build -trimpath -ldflags='-s -w$stamp' -o ../bin/kubectl.1.$minor ."
     touch "bin/kubectl.1.$minor"
 }
 build_kubectl
