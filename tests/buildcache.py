@@ -88,11 +88,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--salt", required=True)
     parser.add_argument("--output", action="append", type=Path, required=True)
     parser.add_argument("--inputs", nargs="+", type=Path, required=True)
-    parser.add_argument("command", nargs=argparse.REMAINDER)
-    args = parser.parse_args(argv)
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if not command:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--" not in argv or argv.index("--") == len(argv) - 1:
         parser.error("a build command after --")
+    split = argv.index("--")
+    args = parser.parse_args(argv[:split])
+    command = argv[split + 1 :]
 
     def build() -> None:
         subprocess.run(command, check=True)
