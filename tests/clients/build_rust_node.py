@@ -27,6 +27,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.buildcache import restore_or_build
+
 CLIENTS = Path(__file__).resolve().parent
 RUST_DIR = CLIENTS / "rust"
 KUBEWATCH = RUST_DIR / "bin" / "kubewatch"  # gitignored
@@ -116,15 +118,20 @@ def build_kubewatch(timeout: float = BUILD_TIMEOUT) -> Path:
     path = os.pathsep.join([str(Path(cargo).parent), os.environ.get("PATH", "")])
     env = {**os.environ, "CARGO_TARGET_DIR": str(cargo_target_dir()), "PATH": path}
     command = [cargo, "build", "--locked", "--bin", "kubewatch", "--message-format=json"]
-    built = _executable(_run(command, RUST_DIR, env, timeout))
-    # The artifact's own path (target/debug/deps/kubewatch-<hash>) is per checkout, unlike
-    # target/debug/kubewatch, which another checkout sharing the target dir may overwrite.
-    # Copy, then rename: an interrupted copy never looks up to date.
-    KUBEWATCH.parent.mkdir(exist_ok=True)
-    partial = KUBEWATCH.with_name(".kubewatch.partial")
-    shutil.copy2(built, partial)
-    os.replace(partial, KUBEWATCH)
-    KUBEWATCH.touch()  # newer than the sources even when cargo had nothing to do
+
+    def build() -> None:
+        built = _executable(_run(command, RUST_DIR, env, timeout))
+        # The artifact's own path (target/debug/deps/kubewatch-<hash>) is per checkout, unlike
+        # target/debug/kubewatch, which another checkout sharing the target dir may overwrite.
+        # Copy, then rename: an interrupted copy never looks up to date.
+        KUBEWATCH.parent.mkdir(exist_ok=True)
+        partial = KUBEWATCH.with_name(".kubewatch.partial")
+        shutil.copy2(built, partial)
+        os.replace(partial, KUBEWATCH)
+        KUBEWATCH.touch()  # newer than the sources even when cargo had nothing to do
+
+    version = _run([cargo, "--version"], RUST_DIR, env, timeout)
+    restore_or_build("kubewatch", [KUBEWATCH], rust_sources(), f"{version} --locked", build)
     return KUBEWATCH
 
 
