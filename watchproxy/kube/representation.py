@@ -214,11 +214,39 @@ class Representation:
     ) -> Iterator[bytes]:
         """The body of :meth:`encode_kept_list` (or, with ``page`` = (token, remaining), of
         :meth:`encode_kept_page`) in pieces of about ``piece_bytes``, each encoded when it is
-        asked for. Here one piece: only JSON lists are encoded piece by piece."""
-        if page is None:
-            yield self.encode_kept_list(kept, rv)
-        else:
-            yield self.encode_kept_page(kept, rv, *page)
+        asked for (``piece_bytes`` 0: one piece).
+
+        Here for a JSON list whose entries are its last member (``items``; a Table's
+        ``rows``): the head is the empty list's encoding, then each kept object's entries are
+        encoded on their own, a piece at a time. Compact JSON of a document is the
+        concatenation of its members' compact JSON, so the pieces join into
+        :meth:`encode_kept_list`'s bytes, while a large answer is never one bytes object nor
+        one parsed document (issue 43: a copy of the whole per slow client)."""
+        empty = self.list_body([], rv)
+        member = next(reversed(empty))
+        if empty[member] != []:
+            raise AssertionError(
+                f"{type(self).__name__}: the list's last member is not its entries"
+            )
+        head = encode_json(empty)
+        if page is not None:
+            head = with_page_meta(head, rv, *page)
+        parts: list[bytes] = [head[: -len(b"]}")]]
+        size = len(parts[0])
+        separator = b""
+        for one in kept:
+            for entry in self.list_body([self.kept_object(one)], rv)[member]:
+                item = encode_json(entry)
+                parts.append(separator)
+                parts.append(item)
+                separator = b","
+                size += len(item) + 1
+            if piece_bytes and size >= piece_bytes:
+                yield b"".join(parts)
+                parts = []
+                size = 0
+        parts.append(b"]}")
+        yield b"".join(parts)
 
 
 _ADDED_PREFIX = b'{"type":"ADDED","object":'
