@@ -207,9 +207,49 @@ async def test_a_watch_that_does_not_catch_up_sends_the_list_upstream(tmp_path: 
             assert "unseen" in names(body)
         assert outcome(running, "behind") == 1
         # What this fallback costs upstream: the probe (shared by the LISTs waiting with it)
-        # and the client's LIST, sent once: the one fallback that still sends twice.
+        # and the client's LIST, sent once: the one fallback that still sends twice (and then
+        # pauses the watch: see the next test).
         assert len(upstream_lists(running, "1")) == 1
         assert len(upstream_lists(running)) == 1
+
+
+async def test_after_a_watch_left_a_list_behind_its_next_lists_go_upstream_once_each(
+    tmp_path: Any,
+) -> None:
+    """A miss is a property of the watch (its collection is written less often than the wait,
+    or its events lag), so it repeats: before, every LIST then cost a probe and its LIST. Now
+    the first miss pauses the watch, and the LISTs after it cost one request each."""
+    async with running_proxy(tmp_path) as running, aiohttp.ClientSession() as session:
+        async with watching(running, session), writing(running):
+            await wait_for(lambda: len(running.fake.store.list("pods", "default")) >= 5,
+                           what="a busy collection")  # fmt: skip
+            assert running.fake.faults.lag_open_watches(5.0) >= 1
+            before = len(running.fake.stats.requests)
+            for i in range(4):
+                running.fake.store.create("pods", "default", pod(f"unseen-{i}"))
+                assert f"unseen-{i}" in names(await get(session, running.url + PODS))
+            sent = [r for r in running.fake.stats.requests[before:] if not r.watch]
+        assert (outcome(running, "behind"), outcome(running, "lagging")) == (1, 3), outcomes(
+            running
+        )
+        # One probe, then the four LISTs: five requests for four, not eight.
+        assert [parse_qs(r.query_string) for r in sent] == [{"limit": ["1"]}] + [{}] * 4
+
+
+async def test_a_one_item_list_is_its_own_probe(tmp_path: Any) -> None:
+    """A LIST with limit=1 is the probe's size: it is sent as it is, one request, even when the
+    watch would have been behind (before: the probe, a wait, then the LIST)."""
+    async with running_proxy(tmp_path) as running, aiohttp.ClientSession() as session:
+        async with watching(running, session), writing(running):
+            await wait_for(lambda: len(running.fake.store.list("pods", "default")) >= 5,
+                           what="a busy collection")  # fmt: skip
+            assert running.fake.faults.lag_open_watches(5.0) >= 1
+            before = len(running.fake.stats.requests)
+            body = await get(session, running.url + PODS + "?limit=1")
+            assert len(body["items"]) == 1 and body["metadata"]["continue"]
+            sent = [r for r in running.fake.stats.requests[before:] if not r.watch]
+        assert outcome(running, "one-item") == 1, outcomes(running)
+        assert [parse_qs(r.query_string) for r in sent] == [{"limit": ["1"]}]
 
 
 async def test_a_list_in_pages_is_answered_by_the_hub_at_one_revision(tmp_path: Any) -> None:
