@@ -5,6 +5,11 @@ without the query: the revision is the whole store's), through the LIST batcher 
 requests waiting at the same time share one probe, and each probe is sent after they arrived.
 A LIST with more objects than its limit is answered in pages: page 1 so, and its continuations
 from the snapshot page 1 was cut from (``lists.pages``).
+
+Every way to the apiserver is decided before the probe is sent, so that a LIST costs one
+upstream request (issue 43): quiet, not watching, ``limit=1``, or paused after a recent miss
+(``lists.fresh.Misses``). Only a probe that then finds the watch behind costs two, and it pauses
+the watch so that the LISTs after it do not.
 """
 
 from __future__ import annotations
