@@ -96,15 +96,11 @@ class ConsistentLists:
         cover = consistent_cover(self.hub, api_path, query, request.headers)
         if cover is None:
             return None
-        admitted = await self._admitted(request, api_path, query)
-        if admitted is not True:
-            return admitted if isinstance(admitted, web.Response) else None
-        # More objects than the limit: page 1 of several (a limit below 1 is no limit).
-        paged = query.limit is not None and 0 < query.limit < cover.count()
         outcomes = self.metrics.consistent_lists
-        # Every way to the apiserver from here is decided before the probe is sent, so that a
-        # LIST costs one upstream request, except after a probe that finds the watch behind
-        # (see lists.fresh.Misses for why that one stays, and how it is kept from repeating).
+        # Every way to the apiserver from here is decided before anything is sent (the probe,
+        # and in forward identity mode the access review), so that a LIST costs one upstream
+        # request, except after a probe that finds the watch behind (see lists.fresh.Misses
+        # for why that one stays, and how it is kept from repeating).
         if query.limit == 1:
             # The LIST is the probe's size: sent as it is, it costs what the probe would, and
             # its answer is the client's whatever the watch's state.
@@ -121,6 +117,11 @@ class ConsistentLists:
         if self.misses.paused(cover.shared):
             outcomes.labels("lagging").inc()  # it left a LIST behind lately: not tried
             return None
+        admitted = await self._admitted(request, api_path, query)
+        if admitted is not True:
+            return admitted if isinstance(admitted, web.Response) else None
+        # More objects than the limit: page 1 of several (a limit below 1 is no limit).
+        paged = query.limit is not None and 0 < query.limit < cover.count()
         current = await self._current_rv(request)
         if not isinstance(current, int):
             outcomes.labels("probe-failed").inc()
