@@ -234,13 +234,22 @@ class Representation:
         parts: list[bytes] = [head[: -len(b"]}")]]
         size = len(parts[0])
         separator = b""
-        for one in kept:
-            for entry in self.list_body([self.kept_object(one)], rv)[member]:
-                item = encode_json(entry)
+        # Objects are encoded a few at a time (one json.dumps per object was twice the time
+        # of encoding the whole), as many as make about a quarter of a piece.
+        at, count = 0, 8
+        while at < len(kept):
+            objects = [self.kept_object(one) for one in kept[at : at + count]]
+            at += count
+            entries = self.list_body(objects, rv)[member]
+            if entries:
+                encoded = encode_json(entries)[1:-1]  # the entries without their brackets
                 parts.append(separator)
-                parts.append(item)
+                parts.append(encoded)
                 separator = b","
-                size += len(item) + 1
+                size += len(encoded) + 1
+                if piece_bytes:
+                    share = max(1, len(encoded)) / (piece_bytes / 4)
+                    count = min(1024, max(1, int(count / share)))
             if piece_bytes and size >= piece_bytes:
                 yield b"".join(parts)
                 parts = []
