@@ -364,8 +364,10 @@ class Metrics:
             "outcome: hub (answered from it once current), quiet (its state had not moved "
             "lately: sent upstream at once), behind (it did not catch up in time), "
             "probe-failed (the probe's error answer, or none, was the client's), not-watching "
-            "(its upstream watch was backing off or relisting: sent upstream at once); and the "
-            "continuations of a LIST the hub paged: page (from its snapshot), page-gone "
+            "(its upstream watch was backing off or relisting: sent upstream at once), lagging "
+            "(it left a LIST behind lately: sent upstream at once, no probe), one-item (limit=1, "
+            "the probe's size: sent upstream as it is); and the continuations of a LIST the "
+            "hub paged: page (from its snapshot), page-gone "
             "(snapshot no longer kept: sent upstream with the same token).",
             ["outcome"],
         )

@@ -88,8 +88,10 @@ async def watching(
             running.url + path + "?watch=1&allowWatchBookmarks=true", headers=headers or {}
         ) as response:
             assert response.status == 200
-            while not stop.is_set() and await response.content.readline():
-                pass
+            # Read in chunks, not lines: an event may be larger than aiohttp's line limit.
+            async for _ in response.content.iter_any():
+                if stop.is_set():
+                    break
 
     task = asyncio.create_task(watch())
     try:
@@ -207,9 +209,49 @@ async def test_a_watch_that_does_not_catch_up_sends_the_list_upstream(tmp_path: 
             assert "unseen" in names(body)
         assert outcome(running, "behind") == 1
         # What this fallback costs upstream: the probe (shared by the LISTs waiting with it)
-        # and the client's LIST, sent once: the one fallback that still sends twice.
+        # and the client's LIST, sent once: the one fallback that still sends twice (and then
+        # pauses the watch: see the next test).
         assert len(upstream_lists(running, "1")) == 1
         assert len(upstream_lists(running)) == 1
+
+
+async def test_after_a_watch_left_a_list_behind_its_next_lists_go_upstream_once_each(
+    tmp_path: Any,
+) -> None:
+    """A miss is a property of the watch (its collection is written less often than the wait,
+    or its events lag), so it repeats: before, every LIST then cost a probe and its LIST. Now
+    the first miss pauses the watch, and the LISTs after it cost one request each."""
+    async with running_proxy(tmp_path) as running, aiohttp.ClientSession() as session:
+        async with watching(running, session), writing(running):
+            await wait_for(lambda: len(running.fake.store.list("pods", "default")) >= 5,
+                           what="a busy collection")  # fmt: skip
+            assert running.fake.faults.lag_open_watches(5.0) >= 1
+            before = len(running.fake.stats.requests)
+            for i in range(4):
+                running.fake.store.create("pods", "default", pod(f"unseen-{i}"))
+                assert f"unseen-{i}" in names(await get(session, running.url + PODS))
+            sent = [r for r in running.fake.stats.requests[before:] if not r.watch]
+        assert (outcome(running, "behind"), outcome(running, "lagging")) == (1, 3), outcomes(
+            running
+        )
+        # One probe, then the four LISTs: five requests for four, not eight.
+        assert [parse_qs(r.query_string) for r in sent] == [{"limit": ["1"]}] + [{}] * 4
+
+
+async def test_a_one_item_list_is_its_own_probe(tmp_path: Any) -> None:
+    """A LIST with limit=1 is the probe's size: it is sent as it is, one request, even when the
+    watch would have been behind (before: the probe, a wait, then the LIST)."""
+    async with running_proxy(tmp_path) as running, aiohttp.ClientSession() as session:
+        async with watching(running, session), writing(running):
+            await wait_for(lambda: len(running.fake.store.list("pods", "default")) >= 5,
+                           what="a busy collection")  # fmt: skip
+            assert running.fake.faults.lag_open_watches(5.0) >= 1
+            before = len(running.fake.stats.requests)
+            body = await get(session, running.url + PODS + "?limit=1")
+            assert len(body["items"]) == 1 and body["metadata"]["continue"]
+            sent = [r for r in running.fake.stats.requests[before:] if not r.watch]
+        assert outcome(running, "one-item") == 1, outcomes(running)
+        assert [parse_qs(r.query_string) for r in sent] == [{"limit": ["1"]}]
 
 
 async def test_a_list_in_pages_is_answered_by_the_hub_at_one_revision(tmp_path: Any) -> None:
@@ -227,6 +269,7 @@ async def test_a_list_in_pages_is_answered_by_the_hub_at_one_revision(tmp_path: 
             first = await get(session, running.url + PODS + "?limit=3")
             rv = first["metadata"]["resourceVersion"]
             items, body = list(first["items"]), first
+            paging = len(running.fake.stats.requests)
             while body["metadata"].get("continue"):
                 token = body["metadata"]["continue"]
                 assert body["metadata"]["remainingItemCount"] > 0
@@ -234,6 +277,8 @@ async def test_a_list_in_pages_is_answered_by_the_hub_at_one_revision(tmp_path: 
                 assert body["metadata"]["resourceVersion"] == rv
                 items += body["items"]
             assert "remainingItemCount" not in body["metadata"]
+            # The pages from the snapshot cost the apiserver nothing.
+            assert [r for r in running.fake.stats.requests[paging:] if not r.watch] == []
             pages = outcome(running, "page")
             # The same token, continued by the apiserver itself.
             token = first["metadata"]["continue"]
@@ -244,7 +289,11 @@ async def test_a_list_in_pages_is_answered_by_the_hub_at_one_revision(tmp_path: 
                            what="a newer revision")  # fmt: skip
             theirs = await get(session, running.fake.url + PODS + "?limit=2", **fake)
             their_token = theirs["metadata"]["continue"]
+            gone = len(running.fake.stats.requests)
             rest = await get(session, running.url + PODS + f"?continue={their_token}")
+            # One request for it: the continuation as sent, no probe.
+            sent = [r.query_string for r in running.fake.stats.requests[gone:] if not r.watch]
+            assert sent == [f"continue={their_token}"]
         exact = await get(session, running.url + PODS + f"?resourceVersion={rv}"
                           "&resourceVersionMatch=Exact")  # fmt: skip
     assert [i["metadata"]["name"] for i in items] == [i["metadata"]["name"] for i in exact["items"]]
@@ -339,6 +388,27 @@ async def test_a_refused_probe_is_the_clients_answer_and_no_list_follows_it(
             sent = running.fake.stats.requests[before:]
         assert outcome(running, "probe-failed") == 1
         assert [(r.path, parse_qs(r.query_string)) for r in sent] == [(PODS, {"limit": ["1"]})]
+
+
+async def test_a_probe_answer_without_a_revision_pauses_the_watch(tmp_path: Any) -> None:
+    """A probe that answers 200 without a revision to wait for (here: a first object larger
+    than a probe may be) sends the LIST upstream after it, and the next LISTs go upstream
+    without a probe: two LISTs cost three requests, not four."""
+    async with running_proxy(tmp_path) as running, aiohttp.ClientSession() as session:
+        huge = pod("a-huge")  # first in key order: the probe's one item
+        huge["metadata"]["annotations"] = {"big": "x" * (5 * 2**20)}
+        running.fake.store.create("pods", "default", huge)
+        async with watching(running, session), writing(running):
+            await wait_for(lambda: len(running.fake.store.list("pods", "default")) >= 5,
+                           what="a busy collection")  # fmt: skip
+            before = len(running.fake.stats.requests)
+            for _ in range(2):
+                assert "a-huge" in names(await get(session, running.url + PODS))
+            sent = [r for r in running.fake.stats.requests[before:] if not r.watch]
+        assert (outcome(running, "probe-failed"), outcome(running, "lagging")) == (1, 1), outcomes(
+            running
+        )
+        assert [parse_qs(r.query_string) for r in sent] == [{"limit": ["1"]}, {}, {}]
 
 
 def test_the_probe_keeps_the_lists_selectors_and_asks_for_one_item() -> None:

@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.harness import running_proxy
+from tests.harness import running_proxy, wait_for
 
 CMS = "/api/v1/namespaces/default/configmaps"
 REVIEWS = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
@@ -218,3 +218,37 @@ async def test_no_credential_in_logs_metrics_or_debug_while_reviewing(
         for text in texts:
             assert fake.token not in text
             assert "stranger-credential-xyz" not in text
+
+
+async def test_a_consistent_list_that_goes_upstream_anyway_is_not_reviewed_first(
+    tmp_path: Any,
+) -> None:
+    """A consistent LIST of a quiet collection goes to the apiserver whoever asks: it is sent
+    as it is, one request, without an access review before it (before: the review, then the
+    LIST)."""
+    overrides = {**FORWARD, "hub.consistent_list_wait_seconds": 0.05}
+    async with (
+        running_proxy(tmp_path, overrides) as running,
+        aiohttp.ClientSession() as session,
+    ):
+        fake = running.fake
+        fake.store.create("configmaps", "default", {"metadata": {"name": "a"}})
+        auth = {"Authorization": f"Bearer {fake.token}"}
+        base = running.url + CMS
+        async with session.get(base + "?watch=1&timeoutSeconds=30", headers=auth) as watch:
+            await watch.content.readline()  # ADDED a: the shared watch is synced
+            hub = running.proxy.hub
+            assert hub is not None
+            (shared,) = hub.watches.values()
+            loop = asyncio.get_running_loop()
+            # Quiet: nothing moved for 4 waits (0.2 s); time passing is the event here.
+            await wait_for(
+                lambda: shared.advanced_at is not None and loop.time() - shared.advanced_at > 0.3,
+                what="the collection to be quiet",
+            )
+            fake.stats.reset()
+            status, body = await get(session, base, auth)
+            assert status == 200 and json.loads(body)["items"][0]["metadata"]["name"] == "a"
+            assert [r.path for r in fake.stats.requests if not r.watch] == [CMS]
+        quiet = sample(running, "watchproxy_consistent_lists_total", {"outcome": "quiet"})
+        assert quiet == 1

@@ -471,3 +471,71 @@ async def test_python_clients_list_in_pages_from_the_hub(
         assert items == await exact_items(direct, pods, rv)
         assert [name for name, _ in items] == PODS_AND_TICKER
     assert outcomes == {"hub": 2, "page": 4}  # 8 pods in pages of 3, twice
+
+
+@pytest.mark.parametrize("period", [0.05, 1.0], ids=["written-every-50ms", "every-1s"])
+async def test_consistent_lists_cost_one_upstream_request_each_but_for_a_watchs_misses(
+    tmp_path: Path, real_apiserver: RealApiServer, direct: Api, namespace: str, period: float
+) -> None:
+    """60 LISTs, one every 100 ms, of a collection written every ``period`` while another
+    resource is written every 50 ms (moving the revision, as leases and events do in a
+    cluster). A LIST costs the apiserver one request (its share of a probe, or its own LIST),
+    except those that found the watch behind (the probe, then the LIST); after a miss the
+    watch is paused, so misses stay few however many LISTs follow. Counted by the apiserver's
+    own ``apiserver_request_total`` (issue 43: at most one upstream request per client
+    request)."""
+    cms = f"/api/v1/namespaces/{namespace}/configmaps"
+    secrets = f"/api/v1/namespaces/{namespace}/secrets"
+    for i in range(20):
+        await direct.ok("POST", cms, body=configmap(f"c{i:02}"))
+    await direct.ok("POST", cms, body=configmap("ticker"))
+    stop = asyncio.Event()
+
+    async def write(path: str, every: float) -> None:
+        for n in range(100_000):
+            if stop.is_set():
+                return
+            body = {"metadata": {"annotations": {"tick": str(n)}}}
+            await direct.ok("PATCH", path, body=body, content_type="application/merge-patch+json")
+            await asyncio.sleep(every)
+
+    await direct.ok("POST", secrets, body={"metadata": {"name": "other"}, "type": "Opaque"})
+    async with proxy(tmp_path, real_apiserver) as (running, via), via.watch(cms + "?watch=1"):
+        metrics = running.proxy.metrics.registry
+        hub = running.proxy.hub
+        assert hub is not None
+        await wait_for(lambda: all(w.cache.synced for w in hub.watches.values()), what="synced")
+        writers = [
+            asyncio.create_task(write(f"{cms}/ticker", period)),
+            asyncio.create_task(write(f"{secrets}/other", 0.05)),
+        ]
+        try:
+            await asyncio.sleep(1.0)  # the collection moving (its watch looks busy)
+            before = await apiserver_lists(direct, "configmaps")
+            for _ in range(60):
+                await via.ok("GET", cms)
+                await asyncio.sleep(0.1)
+        finally:
+            stop.set()
+            await asyncio.gather(*writers)
+        outcomes = {
+            name: metrics.get_sample_value("watchproxy_consistent_lists_total", {"outcome": name})
+            or 0
+            for name in ("hub", "quiet", "behind", "lagging", "probe-failed", "not-watching")
+        }
+        probes = metrics.get_sample_value("watchproxy_freshness_probes_total") or 0
+        served = 0.0
+        for _ in range(50):  # the apiserver counts a request a moment after answering it
+            served = await apiserver_lists(direct, "configmaps") - before
+            if served >= 60:
+                break
+            await asyncio.sleep(0.1)
+        print(f"written every {period}s: 60 LISTs cost the apiserver {served:.0f} requests "
+              f"({probes:.0f} probes); {outcomes}")  # fmt: skip
+        assert sum(outcomes.values()) == 60, outcomes
+        # One request per LIST, and one more per miss.
+        assert served == 60 + outcomes["behind"], (served, outcomes)
+        # A miss pauses the watch (1 s, doubled while misses follow, until it answers one):
+        # a few misses in 6 s whatever the rate. Before: every 1 s, 30 of the 60 LISTs missed
+        # (60 probes + 30 LISTs = 90 requests); now about 6 (11 probes + 55 LISTs = 66).
+        assert outcomes["behind"] <= 12, outcomes

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import tracemalloc
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
+from tests.component.test_http_protocol import request
+from tests.component.test_hub_list_stream import slow_connection
 from tests.harness import wait_for
 from tests.realapi.fixture import RealApiServer
 from tests.realapi.kubeapi import Api, ticking
@@ -233,3 +236,56 @@ async def test_a_protobuf_list_in_pages_from_the_hub_is_the_apiservers_byte_for_
     assert names == [item["metadata"]["name"] for item in decode(oracle.body)[0]]
     assert names == [*(f"c{i}" for i in range(7)), "ticker"]
     assert outcomes == {"hub": 1, "page": 2}
+
+
+async def test_slow_readers_of_a_cached_protobuf_list_hold_a_piece_each_not_a_copy(
+    tmp_path: Path, real_apiserver: RealApiServer, direct: Api, namespace: str
+) -> None:
+    """Six protobuf clients that ask for a 12 MB LIST from the hub and read nothing: what the
+    proxy allocates meanwhile (tracemalloc) stays under one answer's size (before, each
+    answer was one bytes object: six answers' worth); then each reads the apiserver's list."""
+    cms = f"/api/v1/namespaces/{namespace}/configmaps"
+    for i in range(120):
+        await direct.ok("POST", cms, body=configmap(f"big-{i:03}", "x" * 100_000))
+    async with (
+        proxy(tmp_path, real_apiserver) as (running, via),
+        protobuf_watch(via, f"{cms}?watch=1"),
+    ):
+        hub = running.proxy.hub
+        assert hub is not None
+        await wait_for(
+            lambda: any(k.representation == "protobuf" and w.cache.synced
+                        for k, w in hub.watches.items()),
+            what="a synced protobuf watch",
+        )  # fmt: skip
+        (shared,) = [w for k, w in hub.watches.items() if k.representation == "protobuf"]
+        whole = shared.cache.list_response()
+        ask = request("GET", cms + "?resourceVersion=0", Accept=PROTOBUF)
+        served = running.proxy.metrics.registry
+        slow = [await slow_connection(running.proxy.api_port) for _ in range(6)]
+        try:
+            tracemalloc.start()
+            try:
+                for conn in slow:
+                    conn.send(ask)
+                await wait_for(
+                    lambda: served.get_sample_value("watchproxy_lists_from_cache_total") == 6,
+                    what="six LISTs answered from the cache",
+                )
+                await asyncio.sleep(0.5)  # each answer as far as its client's socket takes it
+                peak = tracemalloc.get_traced_memory()[1]
+            finally:
+                tracemalloc.stop()
+            print(
+                f"answer {len(whole) / 2**20:.1f} MiB; 6 slow readers: peak {peak / 2**20:.1f} MiB"
+            )
+            assert peak < len(whole), (len(whole), peak)
+            for conn in slow:
+                status, _, body = await conn.answer()
+                assert (status, body) == (200, whole)
+        finally:
+            for conn in slow:  # closed even when an assertion failed (megabytes unread)
+                conn.close()
+        direct_list = await direct.request("GET", cms + "?resourceVersion=0", headers=ACCEPT)
+        items, _, _ = ProtobufRepresentation().decode_list_page(direct_list.body)
+        assert len(items) == 120

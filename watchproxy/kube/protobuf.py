@@ -21,11 +21,15 @@ rewrite is a relist DELETE's resourceVersion (field 6 of field 1; every other fi
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from watchproxy.kube import protowire as pw
-from watchproxy.kube.representation import INITIAL_EVENTS_END_ANNOTATION, Representation
+from watchproxy.kube.representation import (
+    INITIAL_EVENTS_END_ANNOTATION,
+    LIST_PIECE_BYTES,
+    Representation,
+)
 
 PROTOBUF = "application/vnd.kubernetes.protobuf"
 MAGIC = b"k8s\x00"
@@ -192,6 +196,29 @@ class ProtobufRepresentation(Representation):
     def encode_list(
         self, objects: list[Obj], rv: str, token: str = "", remaining: int | None = None
     ) -> bytes:
+        return b"".join(self._list_pieces(objects, rv, token, remaining, 0))
+
+    def kept_list_pieces(
+        self,
+        kept: list[Any],
+        rv: str,
+        page: tuple[str, int | None] | None = None,
+        piece_bytes: int = LIST_PIECE_BYTES,
+    ) -> Iterator[bytes]:
+        token, remaining = page if page is not None else ("", None)
+        return self._list_pieces(kept, rv, token, remaining, piece_bytes)
+
+    def _list_pieces(
+        self,
+        objects: list[Obj],
+        rv: str,
+        token: str,
+        remaining: int | None,
+        piece_bytes: int,
+    ) -> Iterator[bytes]:
+        """The enveloped list in pieces of about ``piece_bytes`` (0: one). The envelope's
+        ``raw`` field is length-prefixed, so its length is summed from the items' first (no
+        copy); then each item's message is copied once, into its piece."""
         # ListMeta as the apiserver marshals it: every string field, empty or not, and
         # remainingItemCount (a pointer in Go) only when set.
         meta = (
@@ -201,10 +228,34 @@ class ProtobufRepresentation(Representation):
         )
         if remaining is not None:
             meta += pw.varint_field(_LIST_REMAINING, remaining)
-        raw = pw.length_field(_METADATA, meta) + b"".join(
-            pw.length_field(_ITEMS, obj["raw"]) for obj in objects
+        meta_field = pw.length_field(_METADATA, meta)
+        item_tag = pw.encode_varint(_ITEMS << 3 | pw.LENGTH)
+        raw_size = len(meta_field) + sum(
+            len(item_tag) + len(pw.encode_varint(len(obj["raw"]))) + len(obj["raw"])
+            for obj in objects
         )
-        return envelope(self._api_version or "", (self._kind or "") + "List", raw)
+        kind = (self._kind or "") + "List"
+        type_meta = pw.length_field(1, (self._api_version or "").encode()) + pw.length_field(
+            2, kind.encode()
+        )
+        parts: list[bytes] = [
+            MAGIC,
+            pw.length_field(_TYPE_META, type_meta),
+            pw.encode_varint(_RAW << 3 | pw.LENGTH),
+            pw.encode_varint(raw_size),
+            meta_field,
+        ]
+        size = 0
+        for obj in objects:
+            raw: bytes = obj["raw"]
+            parts += (item_tag, pw.encode_varint(len(raw)), raw)
+            size += len(raw)
+            if piece_bytes and size >= piece_bytes:
+                yield b"".join(parts)
+                parts = []
+                size = 0
+        parts.append(pw.length_field(_ENCODING, b"") + pw.length_field(_CONTENT_TYPE, b""))
+        yield b"".join(parts)
 
     def encode_kept_page(
         self, kept: list[Any], rv: str, token: str, remaining: int | None

@@ -5,6 +5,11 @@ without the query: the revision is the whole store's), through the LIST batcher 
 requests waiting at the same time share one probe, and each probe is sent after they arrived.
 A LIST with more objects than its limit is answered in pages: page 1 so, and its continuations
 from the snapshot page 1 was cut from (``lists.pages``).
+
+Every way to the apiserver is decided before the probe is sent, so that a LIST costs one
+upstream request (issue 43): quiet, not watching, ``limit=1``, or paused after a recent miss
+(``lists.fresh.Misses``). Only a probe that then finds the watch behind costs two, and it pauses
+the watch so that the LISTs after it do not.
 """
 
 from __future__ import annotations
@@ -24,10 +29,10 @@ from watchproxy.kube.watchquery import WatchQuery
 from watchproxy.lists.answers import EncodedAnswer
 from watchproxy.lists.batch import Answer, ListBatcher, Outgoing
 from watchproxy.lists.cached import hub_answer
-from watchproxy.lists.cover import consistent_cover
-from watchproxy.lists.fresh import looks_busy, wait_current
+from watchproxy.lists.cover import Cover, consistent_cover
+from watchproxy.lists.fresh import Misses, looks_busy, wait_current
 from watchproxy.lists.pages import Snapshots, decode_continue, page_of
-from watchproxy.lists.ports import ListRequest, SharedWatches
+from watchproxy.lists.ports import ListedWatch, ListRequest, SharedWatches
 from watchproxy.lists.sharedaccess import SharedAccess
 from watchproxy.metrics import Metrics
 
@@ -67,6 +72,8 @@ class ConsistentLists:
         )
         self.wait = wait_seconds
         self.snapshots = Snapshots(clock)  # page 1 of each paged answer, for its continuations
+        # Watches that left a LIST behind lately: not tried for a while.
+        self.misses: Misses[ListedWatch] = Misses(clock)
         self.metrics = metrics
         self.clock = clock
 
@@ -89,12 +96,16 @@ class ConsistentLists:
         cover = consistent_cover(self.hub, api_path, query, request.headers)
         if cover is None:
             return None
-        admitted = await self._admitted(request, api_path, query)
-        if admitted is not True:
-            return admitted if isinstance(admitted, web.Response) else None
-        # More objects than the limit: page 1 of several (a limit below 1 is no limit).
-        paged = query.limit is not None and 0 < query.limit < cover.count()
         outcomes = self.metrics.consistent_lists
+        # Every way to the apiserver from here is decided before anything is sent (the probe,
+        # and in forward identity mode the access review), so that a LIST costs one upstream
+        # request, except after a probe that finds the watch behind (see lists.fresh.Misses
+        # for why that one stays, and how it is kept from repeating).
+        if query.limit == 1:
+            # The LIST is the probe's size: sent as it is, it costs what the probe would, and
+            # its answer is the client's whatever the watch's state.
+            outcomes.labels("one-item").inc()
+            return None
         if not looks_busy(cover.shared, self.wait, self.clock()):
             outcomes.labels("quiet").inc()
             return None
@@ -103,6 +114,14 @@ class ConsistentLists:
             # in time, and the probe would be a second request for nothing.
             outcomes.labels("not-watching").inc()
             return None
+        if self.misses.paused(cover.shared):
+            outcomes.labels("lagging").inc()  # it left a LIST behind lately: not tried
+            return None
+        admitted = await self._admitted(request, api_path, query)
+        if admitted is not True:
+            return admitted if isinstance(admitted, web.Response) else None
+        # More objects than the limit: page 1 of several (a limit below 1 is no limit).
+        paged = query.limit is not None and 0 < query.limit < cover.count()
         current = await self._current_rv(request)
         if not isinstance(current, int):
             outcomes.labels("probe-failed").inc()
@@ -110,11 +129,18 @@ class ConsistentLists:
                 # No answer (unreachable, throttled): the client's LIST would have met the same,
                 # and is not sent a second time behind its back.
                 raise current.with_traceback(None)
+            if current is None:
+                # An answer with no revision in it (not the JSON list asked for, or too big):
+                # the LIST goes upstream, and the watch is not probed again for a while, as
+                # after a miss: the next probe would most likely read the same.
+                self._missed(cover, None)
             return current
 
         if not await wait_current(cover, current, self.wait, self.clock):
             outcomes.labels("behind").inc()
+            self._missed(cover, current)
             return None
+        self.misses.answered(cover.shared)
         outcomes.labels("hub").inc()
         if not paged:
             return hub_answer(cover, cover.list_pieces())
@@ -122,6 +148,11 @@ class ConsistentLists:
         self.snapshots.put(cover.shared, cover.namespace, snapshot)
         page = page_of(snapshot, None, query.limit or 0, _key_prefix(api_path))
         return hub_answer(cover, cover.page_pieces(snapshot, page))
+
+    def _missed(self, cover: Cover, revision: int | None) -> None:
+        self.misses.missed(cover.shared, revision)
+        if len(self.misses) > len(self.hub.watches):
+            self.misses.forget(lambda watch: not watch.closed)
 
     async def _admitted(
         self, request: ListRequest, api_path: ApiPath, query: WatchQuery
