@@ -41,10 +41,13 @@ from watchproxy.hub.outcomes import (
 from watchproxy.hub.ports import UpstreamAnswer, UpstreamHealth, WatchSource
 from watchproxy.hub.watchkey import WatchKey
 from watchproxy.kube.jsonobjects import key_of, rv_of
-from watchproxy.kube.representation import Representation
+from watchproxy.kube.representation import ListPage, PageReader, Representation
 from watchproxy.metrics import Metrics
 
 LIST_PAGE_SIZE = 500
+# The largest LIST item a page read as it arrives may hold (a JSON page is parsed item by item,
+# see Fetcher._read_page): etcd stores objects up to 1.5 MiB; upstream.max_event_bytes' default.
+MAX_LIST_ITEM_BYTES = 16 * 1024 * 1024
 # A replay's upstream watch ends after this long (the apiserver's smallest timeoutSeconds): it
 # sends the events it already holds at once, so a quiet key's replay is this long and empty.
 REPLAY_SECONDS = 1
@@ -190,37 +193,49 @@ class Fetcher:
                 answer = await self._open(self._path(**extra), "list")
             except ProxyError as error:
                 return self._broken(error)
-            try:
-                body = await answer.body()
-            except UpstreamBodyTooLarge as error:
-                if action.relist:  # a shared key's relist: an upstream error, retried
-                    return self._broken(error)
-                return Unshareable(NotShared.CACHE_FULL)  # one page beyond the whole budget
-            except ProxyError as error:
-                return self._broken(error)
-            finally:
-                answer.close()
-            if answer.status == 410 and token:
-                items, list_rv, token = [], None, ""  # the continue token expired: start over
-                continue
-            if answer.status == HTTPStatus.NOT_ACCEPTABLE:
-                # No such encoding for this kind (protobuf for a custom resource, say).
-                return Unshareable(NotShared.UNENCODABLE)
-            if answer.status != 200:
-                return Refused(answer.status, body, answer.content_type, answer.retry_after)
-            if _media_type(answer.content_type) != self.representation.content_type:
-                # The apiserver answered in another encoding than the one asked for: the
-                # kind has no such encoding either.
-                return Unshareable(NotShared.UNENCODABLE)
             rep = self.representation
-            try:
-                page = rep.decode_list_page_lines(body)
+            streamed = None
+            if answer.status == 200 and _media_type(answer.content_type) == rep.content_type:
+                streamed = rep.list_page_reader(MAX_LIST_ITEM_BYTES)
+            if streamed is not None:
+                # Parsed as it arrives: the page's body is never held whole, only the item
+                # being read and its line, which the cache keeps.
                 first = len(items)
-                items.extend(cachestate.listed(rep, obj, line) for obj, line in page.items)
-                page_rv, token, remaining = page.rv, page.token, page.remaining
-            except (ValueError, KeyError, TypeError, AttributeError) as error:
-                return Broken(f"unreadable list: {type(error).__name__}")
-            del page, body  # not held while the next page is read
+                read = await self._read_page(answer, streamed, items, action, listed_bytes)
+                if not isinstance(read, ListPage):
+                    return read
+                page_rv, token, remaining = read.rv, read.token, read.remaining
+            else:
+                try:
+                    body = await answer.body()
+                except UpstreamBodyTooLarge as error:
+                    if action.relist:  # a shared key's relist: an upstream error, retried
+                        return self._broken(error)
+                    return Unshareable(NotShared.CACHE_FULL)  # one page beyond the budget
+                except ProxyError as error:
+                    return self._broken(error)
+                finally:
+                    answer.close()
+                if answer.status == 410 and token:
+                    items, list_rv, token = [], None, ""  # the continue token expired: over
+                    continue
+                if answer.status == HTTPStatus.NOT_ACCEPTABLE:
+                    # No such encoding for this kind (protobuf for a custom resource, say).
+                    return Unshareable(NotShared.UNENCODABLE)
+                if answer.status != 200:
+                    return Refused(answer.status, body, answer.content_type, answer.retry_after)
+                if _media_type(answer.content_type) != rep.content_type:
+                    # The apiserver answered in another encoding than the one asked for: the
+                    # kind has no such encoding either.
+                    return Unshareable(NotShared.UNENCODABLE)
+                try:
+                    page = rep.decode_list_page_lines(body)
+                    first = len(items)
+                    items.extend(cachestate.listed(rep, obj, line) for obj, line in page.items)
+                    page_rv, token, remaining = page.rv, page.token, page.remaining
+                except (ValueError, KeyError, TypeError, AttributeError) as error:
+                    return Broken(f"unreadable list: {type(error).__name__}")
+                del page, body  # not held while the next page is read
             page_bytes = sum(i.size for i in items[first:] if isinstance(i, ListedObject))
             listed_bytes += page_bytes
             # What the whole list will take, from this page's average and the apiserver's
@@ -235,6 +250,47 @@ class Fetcher:
             list_rv = list_rv or page_rv
             if not token:
                 return Listed(items, list_rv)
+
+    async def _read_page(
+        self,
+        answer: UpstreamAnswer,
+        reader: PageReader,
+        items: MutableSequence[dict[str, Any] | ListedObject],
+        action: OpenList,
+        listed_bytes: int,
+    ) -> ListPage | Outcome:
+        """One LIST page (a 200 in the key's encoding) parsed as its body arrives, its objects
+        appended to ``items`` in the form the cache keeps; its metadata, or the outcome that
+        ends the list. What was listed so far is held against the cache budget as it grows."""
+        rep = self.representation
+        pieces = answer.pieces()
+        outcome: Outcome | None = None
+        try:
+            async for piece in pieces:
+                for obj, line in reader.feed(piece):
+                    listed = cachestate.listed(rep, obj, line)
+                    items.append(listed)
+                    listed_bytes += listed.size
+                del piece
+                if not action.relist and not self._cache_admits(listed_bytes):
+                    outcome = Unshareable(NotShared.CACHE_FULL)  # nothing is kept
+                    break
+            else:
+                last, page = reader.finish()
+                items.extend(cachestate.listed(rep, obj, line) for obj, line in last)
+                return page
+        except UpstreamBodyTooLarge as error:
+            # Inflated past the cache budget: a shared key's relist fails as an upstream
+            # error and is retried; a first list is not shared.
+            outcome = self._broken(error) if action.relist else Unshareable(NotShared.CACHE_FULL)
+        except ProxyError as error:
+            outcome = self._broken(error)
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            outcome = Broken(f"unreadable list: {type(error).__name__}")
+        finally:
+            await pieces.aclose()
+            answer.close()
+        return outcome
 
     async def initial_events(self, relay: FirstSync) -> Outcome | None:
         """The key's first list, read from one upstream watch-list up to its initial-events-end

@@ -1,0 +1,252 @@
+"""What the hub holds while it syncs a big collection is bounded by construction (issue 43,
+item 1): the collection's objects once, as the cache keeps them, plus a bounded amount in
+flight, whatever the path of the sync: a watch-list's initial events (firstsync.py) or LIST
+pages (an apiserver that refuses watch-lists). Never the upstream body, its parsed objects and
+their encoded lines all at once.
+
+The load is the real-node memory test's (tests/realnode/test_sidecar_memory.py): ConfigMaps
+of 900 KiB (random, as compression cannot shrink them), 64 MiB of JSON, watched by four
+clients at the same moment, three of them reading at 16 MiB/s through small socket buffers. A
+scripted apiserver on a real socket serves them from bytes encoded before the measure starts;
+tracemalloc measures the peak of what Python allocated meanwhile, the proxy running in this
+process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import time
+import tracemalloc
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from tests.harness import proxy_for_upstream
+
+pytestmark = pytest.mark.timeout(120, func_only=True)
+
+MIB = 1024 * 1024
+CMS = "/api/v1/namespaces/default/configmaps"
+OBJECT_BYTES = 900 * 1024
+COLLECTION_BYTES = 64 * MIB
+SLOW = 16 * MIB  # bytes/s
+NAME_PREFIX = b'"name":"big-'
+# What the hub may hold beyond the cache's own bytes while it syncs: a few pieces of the
+# upstream body and the object being parsed (each under a MiB here), and the proxy's own
+# small allocations; not a second copy of the collection (64 MiB).
+IN_FLIGHT_BOUND = 24 * MIB
+
+
+class BigCollectionApiServer:
+    """An apiserver of one collection of big ConfigMaps, encoded once: LISTs honour ``limit``
+    and ``continue``; a watch-list (``sendInitialEvents=true``) sends every object then the
+    initial-events-end bookmark, or is refused with a 422 (``watch_lists`` False, as with the
+    WatchList gate off); any watch then stays open and quiet."""
+
+    def __init__(self, *, watch_lists: bool) -> None:
+        self.watch_lists = watch_lists
+        count = -(-COLLECTION_BYTES // OBJECT_BYTES)
+        self.count = count
+        self.rv = str(count + 1)
+        self.items: list[bytes] = []
+        self.events: list[bytes] = []
+        for i in range(count):
+            item = json.dumps(
+                {
+                    "metadata": {
+                        "name": f"big-{i:03}",
+                        "namespace": "default",
+                        "resourceVersion": str(i + 1),
+                    },
+                    "data": {"blob": os.urandom(OBJECT_BYTES // 2).hex()},
+                },
+                separators=(",", ":"),
+            ).encode()
+            self.items.append(item)
+            self.events.append(
+                b'{"type":"ADDED","object":{"kind":"ConfigMap","apiVersion":"v1",'
+                + item[1:]
+                + b"}\n"
+            )
+        self.hub_requests: list[str] = []  # the query strings of the hub's requests
+        self.done = asyncio.Event()
+        self.url = ""
+        self._runner: web.AppRunner | None = None
+
+    async def __aenter__(self) -> BigCollectionApiServer:
+        app = web.Application()
+        app.router.add_get("/readyz", self._ok)
+        app.router.add_get(CMS, self._configmaps)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.done.set()
+        assert self._runner is not None
+        await self._runner.cleanup()
+
+    def kubeconfig(self, tmp_path: Path) -> str:
+        path = tmp_path / "upstream.kubeconfig"
+        path.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "current-context": "c",
+                    "clusters": [{"name": "c", "cluster": {"server": self.url}}],
+                    "users": [{"name": "u", "user": {"token": "t"}}],
+                    "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+                }
+            )
+        )
+        return str(path)
+
+    async def _ok(self, _request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    def _status(self, code: int, reason: str) -> web.Response:
+        body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code}
+        return web.json_response({**body, "reason": reason}, status=code)
+
+    async def _stream(self, request: web.Request, pieces: Iterator[bytes]) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        for piece in pieces:
+            await response.write(piece)
+        return response
+
+    def _page(self, start: int, limit: int) -> Iterator[bytes]:
+        end = len(self.items) if limit <= 0 else min(len(self.items), start + limit)
+        meta: dict[str, Any] = {"resourceVersion": self.rv}
+        if end < len(self.items):
+            meta["continue"] = str(end)
+            meta["remainingItemCount"] = len(self.items) - end
+        head = json.dumps({"kind": "ConfigMapList", "apiVersion": "v1", "metadata": meta})
+        yield head[:-1].encode() + b',"items":['
+        for index in range(start, end):
+            if index > start:
+                yield b","
+            yield self.items[index]
+        yield b"]}"
+
+    async def _configmaps(self, request: web.Request) -> web.StreamResponse:
+        query = request.query
+        if request.headers.get("User-Agent", "").startswith("watchproxy"):
+            self.hub_requests.append(request.query_string)
+        if query.get("watch") not in ("1", "true"):
+            start = int(query.get("continue") or 0)
+            return await self._stream(request, self._page(start, int(query.get("limit") or 0)))
+        if query.get("sendInitialEvents") == "true":
+            if not self.watch_lists:
+                return self._status(422, "Invalid")
+            if query.get("fieldSelector"):  # the hub asks whether watch-lists are served
+                return self._status(400, "BadRequest")
+            bookmark = json.dumps(
+                {
+                    "type": "BOOKMARK",
+                    "object": {
+                        "kind": "ConfigMap",
+                        "apiVersion": "v1",
+                        "metadata": {
+                            "resourceVersion": self.rv,
+                            "annotations": {"k8s.io/initial-events-end": "true"},
+                        },
+                    },
+                },
+                separators=(",", ":"),
+            ).encode()
+            response = await self._stream(request, iter([*self.events, bookmark + b"\n"]))
+        else:
+            response = await self._stream(request, iter(()))
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(float(query.get("timeoutSeconds") or 600)):
+                await self.done.wait()
+        return response
+
+
+async def watch_until_synced(port: int, objects: int, rate: float) -> None:
+    """One watch of the collection from now through a small socket buffer, read at ``rate``
+    bytes/s (0: at once) until it has delivered every object."""
+    loop = asyncio.get_running_loop()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 128 * 1024)
+    sock.setblocking(False)
+    try:
+        await loop.sock_connect(sock, ("127.0.0.1", port))
+        await loop.sock_sendall(
+            sock,
+            f"GET {CMS}?watch=1 HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: application/json\r\n\r\n"
+            .encode(),
+        )  # fmt: skip
+        began = time.monotonic()
+        read = names = 0
+        carry = b""
+        while names < objects:
+            piece = await loop.sock_recv(sock, 64 * 1024)
+            assert piece, f"the watch ended after {names} of {objects} objects"
+            if not read:
+                assert piece.startswith(b"HTTP/1.1 200 "), piece[:200]
+            read += len(piece)
+            data = carry + piece
+            names += data.count(NAME_PREFIX)
+            carry = data[-(len(NAME_PREFIX) - 1) :]
+            if rate:
+                # Paced: the client reads no faster than ``rate``.
+                ahead = began + read / rate - time.monotonic()
+                if ahead > 0:
+                    await asyncio.sleep(ahead)
+        assert names == objects, names
+    finally:
+        sock.close()
+
+
+@contextlib.asynccontextmanager
+async def traced() -> AsyncIterator[None]:
+    tracemalloc.start()
+    try:
+        yield
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("watch_lists", [True, False], ids=["watch-list", "pages"])
+async def test_the_hub_syncs_a_big_collection_for_slow_watchers_holding_it_once(
+    tmp_path: Path, watch_lists: bool
+) -> None:
+    async with (
+        BigCollectionApiServer(watch_lists=watch_lists) as api,
+        proxy_for_upstream(tmp_path, api.kubeconfig(tmp_path)) as up,
+    ):
+        port = up.proxy.api_port
+        hub = up.proxy.hub
+        assert hub is not None
+        async with traced():
+            tracemalloc.reset_peak()
+            readers = [watch_until_synced(port, api.count, 0)]
+            readers += [watch_until_synced(port, api.count, SLOW) for _ in range(3)]
+            await asyncio.wait_for(asyncio.gather(*readers), 90)
+            peak = tracemalloc.get_traced_memory()[1]
+            (shared,) = hub.watches.values()
+            cached = shared.cache.state.bytes
+        hub_requests = list(api.hub_requests)
+    print(
+        f"{'watch-list' if watch_lists else 'pages'}: collection "
+        f"{sum(map(len, api.items)) / MIB:.1f} MiB, cached {cached / MIB:.1f} MiB, "
+        f"peak traced {peak / MIB:.1f} MiB, hub requests {hub_requests}"
+    )
+    assert peak < cached + IN_FLIGHT_BOUND, (
+        f"peak {peak / MIB:.1f} MiB for {cached / MIB:.1f} MiB cached"
+    )
