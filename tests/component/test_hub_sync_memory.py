@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from tests.harness import proxy_for_upstream
+from tests.harness import proxy_for_upstream, wait_for
 
 pytestmark = pytest.mark.timeout(120, func_only=True)
 
@@ -77,6 +77,7 @@ class BigCollectionApiServer:
             )
         self.hub_requests: list[str] = []  # the query strings of the hub's requests
         self.done = asyncio.Event()
+        self.expire = asyncio.Event()  # set: open watches from a resourceVersion end in a 410
         self.url = ""
         self._runner: web.AppRunner | None = None
 
@@ -173,7 +174,16 @@ class BigCollectionApiServer:
             response = await self._stream(request, iter(()))
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(float(query.get("timeoutSeconds") or 600)):
-                await self.done.wait()
+                waits = [asyncio.ensure_future(e.wait()) for e in (self.done, self.expire)]
+                try:
+                    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    for wait in waits:
+                        wait.cancel()
+        if self.expire.is_set() and query.get("resourceVersion") and not self.done.is_set():
+            self.expire.clear()  # (the next watch, from the relist, stays)
+            expired = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 410}
+            await response.write(json.dumps({"type": "ERROR", "object": expired}).encode() + b"\n")
         return response
 
 
@@ -250,3 +260,45 @@ async def test_the_hub_syncs_a_big_collection_for_slow_watchers_holding_it_once(
     assert peak < cached + IN_FLIGHT_BOUND, (
         f"peak {peak / MIB:.1f} MiB for {cached / MIB:.1f} MiB cached"
     )
+
+
+async def test_a_relist_of_a_big_collection_holds_its_unchanged_objects_once(
+    tmp_path: Path,
+) -> None:
+    """The shared watch expires (410) and the hub lists the collection again: the objects
+    that did not change are kept once, not as the cache's copy and the relist's."""
+    async with (
+        BigCollectionApiServer(watch_lists=True) as api,
+        proxy_for_upstream(tmp_path, api.kubeconfig(tmp_path)) as up,
+    ):
+        hub = up.proxy.hub
+        assert hub is not None
+        # A client that keeps the key shared through the relist.
+        watcher = asyncio.ensure_future(watch_until_synced(up.proxy.api_port, api.count + 1, 0))
+        try:
+            await wait_for(
+                lambda: any(w.cache.synced for w in hub.watches.values()), what="the sync"
+            )
+            (shared,) = hub.watches.values()
+            async with traced():
+                tracemalloc.reset_peak()
+                lists = sum(1 for q in api.hub_requests if "limit=500" in q)
+                api.expire.set()
+                await wait_for(
+                    lambda: (
+                        shared.machine.counters.relists == 1
+                        and shared.cache.synced
+                        and sum(1 for q in api.hub_requests if "limit=500" in q) == lists + 1
+                        and api.hub_requests[-1].startswith("watch=true")
+                    ),
+                    what="the relist",
+                    timeout=60,
+                )
+                peak = tracemalloc.get_traced_memory()[1]
+                cached = shared.cache.state.bytes
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+    print(f"relist: cached {cached / MIB:.1f} MiB, peak traced {peak / MIB:.1f} MiB")
+    assert peak < IN_FLIGHT_BOUND, f"peak {peak / MIB:.1f} MiB relisting {cached / MIB:.1f} MiB"

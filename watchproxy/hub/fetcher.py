@@ -20,6 +20,7 @@ from typing import Any
 
 from watchproxy.errors import ProxyError, UpstreamBodyTooLarge
 from watchproxy.hub import cachestate
+from watchproxy.hub.cachestate import Entry
 from watchproxy.hub.cachetypes import ListedObject, parse_rv
 from watchproxy.hub.firstsync import FirstSync
 from watchproxy.hub.outcomes import (
@@ -129,8 +130,12 @@ class Fetcher:
         first_sync: FirstSync | None = None,
         initial_timeout_seconds: int = INITIAL_EVENTS_SECONDS,
         watch_lists_refused: Callable[[], None] = lambda: None,
+        cached: Callable[[str], Entry | None] = lambda _key: None,
     ) -> None:
         self.key = key
+        # The cache's entry of a key: a relisted object it holds at the same resourceVersion
+        # is kept as the cache's bytes, not as a second copy (see _listed).
+        self._cached = cached
         # The key's first client, relayed the first list's lines (taken by the first list).
         self.first_sync = first_sync
         # The first list's watch-list goes on as the shared watch: its lifetime.
@@ -231,7 +236,7 @@ class Fetcher:
                 try:
                     page = rep.decode_list_page_lines(body)
                     first = len(items)
-                    items.extend(cachestate.listed(rep, obj, line) for obj, line in page.items)
+                    items.extend(self._listed(obj, line) for obj, line in page.items)
                     page_rv, token, remaining = page.rv, page.token, page.remaining
                 except (ValueError, KeyError, TypeError, AttributeError) as error:
                     return Broken(f"unreadable list: {type(error).__name__}")
@@ -251,6 +256,16 @@ class Fetcher:
             if not token:
                 return Listed(items, list_rv)
 
+    def _listed(self, obj: dict[str, Any], line: bytes | None) -> ListedObject:
+        """A listed object as the cache keeps it; one the cache holds at the same
+        resourceVersion already (a relist's unchanged objects, nearly all of them) is its
+        cached form, so that a relist holds the collection once, not twice."""
+        listed = cachestate.listed(self.representation, obj, line)
+        entry = self._cached(listed.key)
+        if entry is not None and entry.rv == listed.rv:
+            return ListedObject(listed.key, listed.rv, entry.kept, entry.size)
+        return listed
+
     async def _read_page(
         self,
         answer: UpstreamAnswer,
@@ -262,13 +277,12 @@ class Fetcher:
         """One LIST page (a 200 in the key's encoding) parsed as its body arrives, its objects
         appended to ``items`` in the form the cache keeps; its metadata, or the outcome that
         ends the list. What was listed so far is held against the cache budget as it grows."""
-        rep = self.representation
         pieces = answer.pieces()
         outcome: Outcome | None = None
         try:
             async for piece in pieces:
                 for obj, line in reader.feed(piece):
-                    listed = cachestate.listed(rep, obj, line)
+                    listed = self._listed(obj, line)
                     items.append(listed)
                     listed_bytes += listed.size
                 del piece
@@ -277,7 +291,7 @@ class Fetcher:
                     break
             else:
                 last, page = reader.finish()
-                items.extend(cachestate.listed(rep, obj, line) for obj, line in last)
+                items.extend(self._listed(obj, line) for obj, line in last)
                 return page
         except UpstreamBodyTooLarge as error:
             # Inflated past the cache budget: a shared key's relist fails as an upstream
