@@ -50,9 +50,15 @@ class BigCollectionApiServer:
     initial-events-end bookmark, or is refused with a 422 (``watch_lists`` False, as with the
     WatchList gate off); any watch then stays open and quiet."""
 
-    def __init__(self, *, watch_lists: bool) -> None:
+    def __init__(
+        self,
+        *,
+        watch_lists: bool,
+        object_bytes: int = OBJECT_BYTES,
+        collection_bytes: int = COLLECTION_BYTES,
+    ) -> None:
         self.watch_lists = watch_lists
-        count = -(-COLLECTION_BYTES // OBJECT_BYTES)
+        count = -(-collection_bytes // object_bytes)
         self.count = count
         self.rv = str(count + 1)
         self.items: list[bytes] = []
@@ -65,7 +71,7 @@ class BigCollectionApiServer:
                         "namespace": "default",
                         "resourceVersion": str(i + 1),
                     },
-                    "data": {"blob": os.urandom(OBJECT_BYTES // 2).hex()},
+                    "data": {"blob": os.urandom(object_bytes // 2).hex()},
                 },
                 separators=(",", ":"),
             ).encode()
@@ -232,12 +238,28 @@ async def traced() -> AsyncIterator[None]:
         tracemalloc.stop()
 
 
-@pytest.mark.parametrize("watch_lists", [True, False], ids=["watch-list", "pages"])
+@pytest.mark.parametrize(
+    ("watch_lists", "object_bytes", "collection_bytes", "rates"),
+    [
+        # The real-node test's load: the first client (relayed the watch-list) reads at once.
+        (True, OBJECT_BYTES, COLLECTION_BYTES, [0, SLOW, SLOW, SLOW]),
+        # An apiserver that refuses watch-lists: the hub lists in pages of 500 objects (here
+        # one page, the whole collection).
+        (False, OBJECT_BYTES, COLLECTION_BYTES, [0, SLOW, SLOW, SLOW]),
+        # Small objects (a run of the watch-list holds many lines), and a first client that
+        # takes longer than the hub waits for it (RELAY_WRITE_SECONDS) before it builds its
+        # state: what the client is relayed and what the state keeps are the same bytes.
+        (True, 3 * 1024, 32 * MIB, [3 * MIB, 0, 0, 0]),
+    ],
+    ids=["watch-list", "pages", "watch-list-small-objects-slow-first-client"],
+)
 async def test_the_hub_syncs_a_big_collection_for_slow_watchers_holding_it_once(
-    tmp_path: Path, watch_lists: bool
+    tmp_path: Path, watch_lists: bool, object_bytes: int, collection_bytes: int, rates: list[int]
 ) -> None:
     async with (
-        BigCollectionApiServer(watch_lists=watch_lists) as api,
+        BigCollectionApiServer(
+            watch_lists=watch_lists, object_bytes=object_bytes, collection_bytes=collection_bytes
+        ) as api,
         proxy_for_upstream(tmp_path, api.kubeconfig(tmp_path)) as up,
     ):
         port = up.proxy.api_port
@@ -245,17 +267,19 @@ async def test_the_hub_syncs_a_big_collection_for_slow_watchers_holding_it_once(
         assert hub is not None
         async with traced():
             tracemalloc.reset_peak()
-            readers = [watch_until_synced(port, api.count, 0)]
-            readers += [watch_until_synced(port, api.count, SLOW) for _ in range(3)]
-            await asyncio.wait_for(asyncio.gather(*readers), 90)
+            first, *others = [watch_until_synced(port, api.count, rate) for rate in rates]
+            first_task = asyncio.ensure_future(first)
+            # The first to ask is the one relayed the watch-list.
+            await wait_for(lambda: len(api.hub_requests) > 0, what="the hub's first request")
+            await asyncio.wait_for(asyncio.gather(first_task, *others), 90)
             peak = tracemalloc.get_traced_memory()[1]
             (shared,) = hub.watches.values()
             cached = shared.cache.state.bytes
         hub_requests = list(api.hub_requests)
     print(
         f"{'watch-list' if watch_lists else 'pages'}: collection "
-        f"{sum(map(len, api.items)) / MIB:.1f} MiB, cached {cached / MIB:.1f} MiB, "
-        f"peak traced {peak / MIB:.1f} MiB, hub requests {hub_requests}"
+        f"{sum(map(len, api.items)) / MIB:.1f} MiB in {api.count} objects, cached "
+        f"{cached / MIB:.1f} MiB, peak traced {peak / MIB:.1f} MiB, hub requests {hub_requests}"
     )
     assert peak < cached + IN_FLIGHT_BOUND, (
         f"peak {peak / MIB:.1f} MiB for {cached / MIB:.1f} MiB cached"

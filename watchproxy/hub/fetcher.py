@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import urllib.parse
-from collections.abc import AsyncGenerator, Callable, MutableSequence
+from collections.abc import AsyncGenerator, Callable, MutableSequence, Sequence
 from http import HTTPStatus
 from typing import Any
 
@@ -347,8 +347,11 @@ class Fetcher:
             answer.close()
             return None
         relay.open()
-        # Every ADDED line, in runs as they came (a run is nearly always a piece of the body
-        # that holds only whole ADDED lines), parsed once all are in.
+        # Every ADDED line, parsed once all are in. A run (a piece of the body that holds
+        # whole lines, nearly always ADDED ones only) is cut into its lines as it comes, and
+        # the client is relayed those very lines: were it relayed the run, a client slower
+        # than RELAY_WRITE_SECONDS would hold the runs in its buffers while the state holds
+        # the lines cut from them, the collection twice (test_hub_sync_memory).
         kept: list[bytes] = []
         end_rv: str | None = None
         after: list[bytes] = []  # what came after the end bookmark in its run
@@ -359,9 +362,11 @@ class Fetcher:
         try:
             async for run in runs:
                 if _no_bookmark(run):
-                    relay.put([run], len(run))
-                    kept.append(run)
-                    size += len(run)
+                    lines, run_size = _lines_of(run), len(run)
+                    del run  # (its lines are copies, unless it is one line)
+                    relay.put(lines, run_size)
+                    kept.extend(lines)
+                    size += run_size
                 else:
                     parts, end_rv, strange, after = _initial_lines(_lines_of(run))
                     for added, bookmark, end in parts:
@@ -398,7 +403,7 @@ class Fetcher:
         self._kept = _KeptWatch(end_rv, answer, runs, after)
         relay.end(end_rv)
         await relay.written(RELAY_WRITE_SECONDS)
-        listed = await self._listed_runs(kept, end_rv)
+        listed = await self._listed_lines(kept, end_rv)
         if not isinstance(listed, Listed):
             await self.close()
         return listed
@@ -409,23 +414,21 @@ class Fetcher:
         if kept is not None:
             await kept.close()
 
-    async def _listed_runs(self, runs: MutableSequence[bytes], rv: str) -> Outcome:
-        """Runs of ADDED lines as the cache keeps their objects, parsed a slice at a time;
-        each run is let go once its lines are cut from it."""
+    async def _listed_lines(self, lines: Sequence[bytes], rv: str) -> Outcome:
+        """ADDED lines as the cache keeps their objects (the lines themselves), parsed a
+        slice at a time."""
         rep = self.representation
         items: list[dict[str, Any] | ListedObject] = []
-        runs.reverse()
         parsed = 0
         try:
-            while runs:
-                for line in _lines_of(runs.pop()):
-                    kind, obj = rep.decode_event(line)
-                    if kind != "ADDED":
-                        return Broken(f"an event of type {kind} in the initial events")
-                    items.append(cachestate.listed(rep, rep.prepare(obj), line))
-                    parsed += 1
-                    if parsed % PARSE_SLICE == 0:
-                        await asyncio.sleep(0)
+            for line in lines:
+                kind, obj = rep.decode_event(line)
+                if kind != "ADDED":
+                    return Broken(f"an event of type {kind} in the initial events")
+                items.append(cachestate.listed(rep, rep.prepare(obj), line))
+                parsed += 1
+                if parsed % PARSE_SLICE == 0:
+                    await asyncio.sleep(0)
         except (ValueError, KeyError, TypeError, AttributeError) as error:
             return Broken(f"unreadable initial event: {type(error).__name__}")
         self._sent.inc(len(items))
