@@ -90,7 +90,7 @@ class BigCollectionApiServer:
     async def __aenter__(self) -> BigCollectionApiServer:
         app = web.Application()
         app.router.add_get("/readyz", self._ok)
-        app.router.add_get(CMS, self._configmaps)
+        app.router.add_get("/api/v1/namespaces/{namespace}/configmaps", self._configmaps)
         self._runner = web.AppRunner(app)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -193,7 +193,7 @@ class BigCollectionApiServer:
         return response
 
 
-async def watch_until_synced(port: int, objects: int, rate: float) -> None:
+async def watch_until_synced(port: int, objects: int, rate: float, path: str = CMS) -> None:
     """One watch of the collection from now through a small socket buffer, read at ``rate``
     bytes/s (0: at once) until it has delivered every object."""
     loop = asyncio.get_running_loop()
@@ -204,7 +204,7 @@ async def watch_until_synced(port: int, objects: int, rate: float) -> None:
         await loop.sock_connect(sock, ("127.0.0.1", port))
         await loop.sock_sendall(
             sock,
-            f"GET {CMS}?watch=1 HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: application/json\r\n\r\n"
+            f"GET {path}?watch=1 HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: application/json\r\n\r\n"
             .encode(),
         )  # fmt: skip
         began = time.monotonic()
@@ -326,3 +326,49 @@ async def test_a_relist_of_a_big_collection_holds_its_unchanged_objects_once(
                 await watcher
     print(f"relist: cached {cached / MIB:.1f} MiB, peak traced {peak / MIB:.1f} MiB")
     assert peak < IN_FLIGHT_BOUND, f"peak {peak / MIB:.1f} MiB relisting {cached / MIB:.1f} MiB"
+
+
+async def test_two_keys_whose_first_syncs_run_at_once_fit_the_cache_budget_together(
+    tmp_path: Path,
+) -> None:
+    """Two collections of 40 MiB synced at the same moment under a cache budget of 64 MiB:
+    each would fit alone, not both. One is cached, the other is passed through to its client
+    (the rest of its watch-list); each client gets its whole collection."""
+    budget = 64 * MIB
+    overrides = {"hub.cache_max_bytes": budget}
+    async with (
+        BigCollectionApiServer(watch_lists=True, collection_bytes=40 * MIB) as api,
+        proxy_for_upstream(tmp_path, api.kubeconfig(tmp_path), overrides) as up,
+    ):
+        hub = up.proxy.hub
+        assert hub is not None
+        port = up.proxy.api_port
+        most = 0
+
+        async def cached() -> None:
+            nonlocal most
+            while True:
+                most = max(most, hub.cache_bytes())
+                await asyncio.sleep(0.01)  # sampled while the syncs run
+
+        sampler = asyncio.ensure_future(cached())
+        try:
+            await asyncio.wait_for(
+                asyncio.gather(
+                    *(
+                        watch_until_synced(
+                            port, api.count, 0, f"/api/v1/namespaces/{ns}/configmaps"
+                        )
+                        for ns in ("one", "two")
+                    )
+                ),
+                60,
+            )
+            await wait_for(lambda: hub.cache_bytes() > 0, what="one key cached")
+            most = max(most, hub.cache_bytes())
+        finally:
+            sampler.cancel()
+    print(
+        f"two keys of {sum(map(len, api.items)) / MIB:.1f} MiB: at most {most / MIB:.1f} MiB cached"
+    )
+    assert 0 < most <= budget, most
