@@ -624,3 +624,15 @@ def test_a_page_item_over_the_limit_raises_value_error_before_it_is_all_read() -
     with pytest.raises(ValueError, match="over 1000"):
         for _ in range(10):
             reader.feed(b"y" * 500)
+
+
+def test_whitespace_between_the_members_of_a_page_read_in_pieces_is_not_kept() -> None:
+    reader = JsonRepresentation().list_page_reader(1000)
+    assert reader is not None
+    reader.feed(b'{"kind":"PodList","apiVersion":"v1","metadata":{"resourceVersion":"3"},')
+    reader.feed(b'"items":[]')
+    for _ in range(100):
+        reader.feed(b" " * 500)  # 50 KB of it, against a limit of 1,000 bytes pending
+    reader.feed(b"}")
+    items, page = reader.finish()
+    assert (items, page.rv) == ([], "3")

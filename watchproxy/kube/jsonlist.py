@@ -164,8 +164,9 @@ class ListWalker:
         return value, end
 
     def _step(self, found: list[tuple[str, Any, str]]) -> None:
-        """Read one token or value and move on; nothing moves when it raises _More."""
-        at = self._skip(self._at)
+        """Read one token or value and move on; nothing but whitespace is taken when it
+        raises _More (whitespace is dropped as it comes: a body of it holds nothing)."""
+        at = self._at = self._skip(self._at)
         state = self._state
         if state == self._OPEN:
             if self._char(at) != "{":
