@@ -21,14 +21,17 @@ import os
 import socket
 import time
 import tracemalloc
+import urllib.parse
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
 
-from tests.harness import proxy_for_upstream, wait_for
+from tests.harness import proxy_for_upstream, running_proxy, wait_for
+from watchproxy.hub.fetcher import FIRST_WHOLE_PAGE_SIZE, LIST_PAGE_SIZE
 
 pytestmark = pytest.mark.timeout(120, func_only=True)
 
@@ -372,3 +375,47 @@ async def test_two_keys_whose_first_syncs_run_at_once_fit_the_cache_budget_toget
         f"two keys of {sum(map(len, api.items)) / MIB:.1f} MiB: at most {most / MIB:.1f} MiB cached"
     )
     assert 0 < most <= budget, most
+
+
+@pytest.mark.parametrize(
+    ("accept", "query", "objects_per_page"),
+    [
+        # Table rows with whole objects of 100 KB: pages of about WHOLE_PAGE_BYTES.
+        ("application/json;as=Table;v=v1;g=meta.k8s.io", "&includeObject=Object", 41),
+        # Metadata only (small, whatever the object's size): pages of LIST_PAGE_SIZE.
+        ("application/json;as=PartialObjectMetadata;v=v1;g=meta.k8s.io", "", LIST_PAGE_SIZE),
+    ],
+    ids=["table-of-objects", "metadata"],
+)
+async def test_pages_read_whole_are_asked_for_by_the_size_of_their_objects(
+    tmp_path: Path, accept: str, query: str, objects_per_page: int
+) -> None:
+    """A representation parsed whole (not plain JSON) is listed in pages that hold about
+    WHOLE_PAGE_BYTES: the first of FIRST_WHOLE_PAGE_SIZE objects, the next ones sized from the
+    pages before; every client gets every object."""
+    count = 150
+    async with running_proxy(tmp_path) as running:
+        for i in range(count):
+            obj = {"metadata": {"name": f"big-{i:03}"}, "data": {"blob": "x" * 100_000}}
+            running.fake.store.create("configmaps", "default", obj)
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(
+                f"{running.url}{CMS}?watch=1{query}", headers={"Accept": accept}
+            ) as response,
+        ):
+            assert response.status == 200, await response.text()
+            names = 0
+            async with asyncio.timeout(30):
+                async for line in response.content:
+                    names += line.count(NAME_PREFIX)
+                    if names >= count:
+                        break
+        limits = [
+            urllib.parse.parse_qs(r.query_string).get("limit", [""])[0]
+            for r in running.fake.stats.requests
+            if r.path == CMS and not r.watch and "as=" in r.headers.get("Accept", "")
+        ]
+    assert names == count
+    assert limits[0] == str(FIRST_WHOLE_PAGE_SIZE), limits
+    assert {int(limit) for limit in limits[1:]} == {objects_per_page}, limits

@@ -46,6 +46,12 @@ from watchproxy.kube.representation import ListPage, PageReader, Representation
 from watchproxy.metrics import Metrics
 
 LIST_PAGE_SIZE = 500
+# A page of a representation parsed whole (Table, PartialObjectMetadata, protobuf: only JSON
+# pages are parsed as they arrive) is held whole with its parsed objects: it is asked for with
+# a limit that keeps it near WHOLE_PAGE_BYTES, the first with FIRST_WHOLE_PAGE_SIZE objects
+# (etcd's objects of at most 1.5 MiB: 30 MiB at worst), the next from the pages before.
+WHOLE_PAGE_BYTES = 4 * 1024 * 1024
+FIRST_WHOLE_PAGE_SIZE = 20
 # The largest LIST item a page read as it arrives may hold (a JSON page is parsed item by item,
 # see Fetcher._read_page): etcd stores objects up to 1.5 MiB; upstream.max_event_bytes' default.
 MAX_LIST_ITEM_BYTES = 16 * 1024 * 1024
@@ -71,6 +77,14 @@ RELAY_WRITE_SECONDS = 5.0
 # Lines of the initial events parsed between two yields to the event loop: the loop serves
 # every other client meanwhile (500: about 1.5 ms of 2.8 KB pods).
 PARSE_SLICE = 500
+
+
+def whole_page_limit(objects: int, body_bytes: int) -> int:
+    """The limit of the next page read whole, after one of ``objects`` in ``body_bytes``:
+    about WHOLE_PAGE_BYTES of objects like those, 1 to LIST_PAGE_SIZE."""
+    if objects <= 0 or body_bytes <= 0:
+        return LIST_PAGE_SIZE
+    return max(1, min(LIST_PAGE_SIZE, WHOLE_PAGE_BYTES * objects // body_bytes))
 
 
 def _unwell(status: int) -> bool:
@@ -187,8 +201,10 @@ class Fetcher:
         list_rv: str | None = None
         token = ""
         listed_bytes = 0
+        whole_pages = self.representation.list_page_reader(MAX_LIST_ITEM_BYTES) is None
+        limit = FIRST_WHOLE_PAGE_SIZE if whole_pages else LIST_PAGE_SIZE
         while True:
-            extra = {"limit": str(LIST_PAGE_SIZE)}
+            extra = {"limit": str(limit)}
             if token:
                 extra["continue"] = token  # (the apiserver forbids resourceVersion with it)
             elif action.not_older_than is not None:
@@ -240,6 +256,7 @@ class Fetcher:
                     page_rv, token, remaining = page.rv, page.token, page.remaining
                 except (ValueError, KeyError, TypeError, AttributeError) as error:
                     return Broken(f"unreadable list: {type(error).__name__}")
+                limit = whole_page_limit(len(items) - first, len(body))
                 del page, body  # not held while the next page is read
             page_bytes = sum(i.size for i in items[first:] if isinstance(i, ListedObject))
             listed_bytes += page_bytes
