@@ -8,7 +8,8 @@
 The upstream is a stand-in for the apiserver (``python -m bench.coldsync stand-in``, its own
 process) that holds ``--pods`` pods shaped like a Deployment's (``bench.collection``: 2.8 KB of
 JSON each, 10,000 pods = 28 MB) as encoded bytes and writes every answer at once: a LIST page
-(``limit``/``continue`` honoured) in one write, a watch's initial events in 256 KiB chunks
+(``limit``/``continue`` honoured, but for ``resourceVersion=0``: served whole, as the
+apiserver's watch cache does) in 256 KiB writes, a watch's initial events in 256 KiB chunks
 (``--per-event``: one HTTP chunk per event, as kube-apiserver flushes them, written 256 KiB at
 a time), then nothing until ``timeoutSeconds``. What is measured is then what a proxy adds.
 
