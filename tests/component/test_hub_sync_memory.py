@@ -1,8 +1,9 @@
 """What the hub holds while it syncs a big collection is bounded by construction (issue 43,
 item 1): the collection's objects once, as the cache keeps them, plus a bounded amount in
-flight, whatever the path of the sync: a watch-list's initial events (firstsync.py) or LIST
-pages (an apiserver that refuses watch-lists). Never the upstream body, its parsed objects and
-their encoded lines all at once.
+flight, whatever the path of the sync: a watch-list's initial events (firstsync.py), LIST
+pages (an apiserver that refuses watch-lists), a relist after a 410. Never the upstream body,
+its parsed objects and their encoded lines all at once; two keys synced at once fit the cache
+budget together; pages parsed whole (not plain JSON) are asked for by size.
 
 The load is the real-node memory test's (tests/realnode/test_sidecar_memory.py): ConfigMaps
 of 900 KiB (random, as compression cannot shrink them), 64 MiB of JSON, watched by four
