@@ -274,9 +274,10 @@ def test_sidecar_serves_concurrent_slow_lists_of_a_big_collection_within_its_mem
 
 # The sidecar peaked at 235-256 MiB here and was OOM-killed in 3 of 7 runs (2026-12-07, before
 # the cold key's watch-list and the LIST pages parsed as they arrive): the hub's first LIST of
-# the collection was one page of 500 objects, its body, text and lines held at once. Now 117
-# MiB of cgroup usage at the peak (4 runs of 4, tests/component/test_hub_sync_memory.py for
-# the paged path and the relist).
+# the collection was one page of 500 objects, its body, text and lines held at once. Now
+# 116.7-118.9 MiB of cgroup usage at the peak in 6 runs of 6 (2026-12-07; the sidecar takes
+# the watch-list path here: tests/component/test_hub_sync_memory.py covers the paged path and
+# the relist).
 def test_sidecar_serves_watches_of_a_big_collection_its_cache_budget_admits_within_its_limit(
     loaded: Loaded, cluster: Cluster
 ) -> None:
