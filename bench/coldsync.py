@@ -8,7 +8,8 @@
 The upstream is a stand-in for the apiserver (``python -m bench.coldsync stand-in``, its own
 process) that holds ``--pods`` pods shaped like a Deployment's (``bench.collection``: 2.8 KB of
 JSON each, 10,000 pods = 28 MB) as encoded bytes and writes every answer at once: a LIST page
-(``limit``/``continue`` honoured) in one write, a watch's initial events in 256 KiB chunks
+(``limit``/``continue`` honoured, but for ``resourceVersion=0``: served whole, as the
+apiserver's watch cache does) in 256 KiB writes, a watch's initial events in 256 KiB chunks
 (``--per-event``: one HTTP chunk per event, as kube-apiserver flushes them, written 256 KiB at
 a time), then nothing until ``timeoutSeconds``. What is measured is then what a proxy adds.
 
@@ -68,8 +69,16 @@ class Collection:
                 b'{"type":"ADDED","object":{"kind":"Pod","apiVersion":"v1",' + item[1:] + b"}\n"
             )
         self.json_bytes = sum(len(i) for i in self.items)
+        self._whole: bytes | None = None
 
     def page(self, start: int, limit: int) -> bytes:
+        if start == 0 and limit <= 0:
+            if self._whole is None:  # the same for every client: made once
+                self._whole = self._page(0, 0)
+            return self._whole
+        return self._page(start, limit)
+
+    def _page(self, start: int, limit: int) -> bytes:
         end = len(self.items) if limit <= 0 else min(len(self.items), start + limit)
         meta: dict[str, Any] = {"resourceVersion": self.rv}
         if end < len(self.items):
@@ -124,11 +133,16 @@ class StandIn:
             return True
         if query.get("watch") not in ("1", "true"):
             start = int(query.get("continue") or 0)
-            body = c.page(start, int(query.get("limit") or 0))
+            # resourceVersion=0 is served from the apiserver's watch cache, which has long
+            # ignored limit there: one page (client-go's reflector lists so).
+            limit = 0 if query.get("resourceVersion") == "0" else int(query.get("limit") or 0)
+            body = c.page(start, limit)
             writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n")
             writer.write(b"Content-Length: %d\r\n\r\n" % len(body))
-            writer.write(body)
-            await writer.drain()
+            view = memoryview(body)
+            for at in range(0, len(body), PAGE_CHUNK):  # not a copy of the body per client
+                writer.write(view[at : at + PAGE_CHUNK])
+                await writer.drain()
             return True
         if query.get("fieldSelector"):  # watchproxy asks whether watch-lists are served
             body = b'{"kind":"Status","apiVersion":"v1","status":"Failure","code":400}'

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -136,3 +137,25 @@ def test_a_baseline_from_a_git_worktree_runs_beside_the_proxy(tmp_path: Path) ->
         ["git", "-C", str(ROOT), "worktree", "list"], capture_output=True, text=True, check=True
     )
     assert "baseline" not in listed.stdout
+
+
+def test_syncs_benchmark_runs_every_cell_within_the_shipped_limits(tmp_path: Path) -> None:
+    """``bench.syncs`` with a small collection: every client of every cell synced (the bench
+    checks each one's count of pods), through watchproxy as shipped and kubectl proxy when
+    there is one, each watchproxy under its shipped memory limit."""
+    targets = "sidecar,node-local" + (",kubectl" if shutil.which("kubectl") else "")
+    out = tmp_path / "syncs.json"
+    command = [sys.executable, "-m", "bench.syncs", "--pods", "500", "--clients", "3"]
+    command += ["--targets", targets, "--json", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    cells = json.loads(out.read_text())["cells"]
+    assert [(c["target"], c["kind"]) for c in cells] == [
+        (target, kind) for kind in ("watch-list", "list-watch") for target in targets.split(",")
+    ]
+    for cell in cells:
+        if cell["limit (MiB)"]:
+            assert cell["peak RSS (MiB)"] < cell["limit (MiB)"], cell

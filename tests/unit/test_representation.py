@@ -607,3 +607,72 @@ def test_table_and_partial_metadata_lists_come_in_pieces_that_join_into_the_whol
     assert len(entries) == 120
     if page is not None:
         assert document["metadata"]["continue"] == "tok"
+
+def page_read_in_pieces(rep: JsonRepresentation, body: bytes, size: int) -> Any:
+    """A page fed to its reader ``size`` bytes at a time: its (object, line) pairs and page."""
+    reader = rep.list_page_reader(1 << 20)
+    assert reader is not None
+    items = []
+    for at in range(0, len(body), size):
+        items += reader.feed(body[at : at + size])
+    last, page = reader.finish()
+    return items + last, page
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7, 64, 1 << 20])
+def test_a_page_read_in_pieces_of_any_size_is_the_page_read_whole(size: int) -> None:
+    rep = JsonRepresentation()
+    items = [
+        {"metadata": {"name": f"p{i}", "namespace": "ns", "resourceVersion": str(10 + i)},
+         "spec": {"n": i * 1234567, "ok": True, "none": None, "s": "é\\u003c" * i}}
+        for i in range(12)
+    ]  # fmt: skip
+    body = json.dumps(
+        {
+            "kind": "PodList",
+            "apiVersion": "v1",
+            "metadata": {"resourceVersion": "99", "continue": "c", "remainingItemCount": 12345},
+            "items": items,
+        },
+        ensure_ascii=False,
+    ).encode()
+    whole = rep.decode_list_page_lines(body)
+    expected = list(whole.items)
+    got, page = page_read_in_pieces(JsonRepresentation(), body, size)
+    assert got == expected
+    assert (page.rv, page.token, page.remaining) == ("99", "c", 12345)
+    # Items before the list's kind (not the apiserver's order) are typed at the end.
+    late = json.dumps({"items": items, "kind": "PodList", "apiVersion": "v1",
+                       "metadata": {"resourceVersion": "99"}}).encode()  # fmt: skip
+    late_whole = list(JsonRepresentation().decode_list_page_lines(late).items)
+    assert page_read_in_pieces(JsonRepresentation(), late, size)[0] == late_whole
+    assert [obj for obj, _ in late_whole] == [obj for obj, _ in expected]
+
+
+@pytest.mark.parametrize(
+    "bad", ['{"items":[1]}', '{"items":[{}', '{"a":1 "b":2}', "[]", '{"items":[]} x', "{"]
+)
+def test_a_broken_page_read_in_pieces_raises_value_error(bad: str) -> None:
+    with pytest.raises(ValueError):
+        page_read_in_pieces(JsonRepresentation(), bad.encode(), 2)
+
+
+def test_a_page_item_over_the_limit_raises_value_error_before_it_is_all_read() -> None:
+    reader = JsonRepresentation().list_page_reader(1000)
+    assert reader is not None
+    reader.feed(b'{"kind":"PodList","apiVersion":"v1","items":[{"x":"')
+    with pytest.raises(ValueError, match="over 1000"):
+        for _ in range(10):
+            reader.feed(b"y" * 500)
+
+
+def test_whitespace_between_the_members_of_a_page_read_in_pieces_is_not_kept() -> None:
+    reader = JsonRepresentation().list_page_reader(1000)
+    assert reader is not None
+    reader.feed(b'{"kind":"PodList","apiVersion":"v1","metadata":{"resourceVersion":"3"},')
+    reader.feed(b'"items":[]')
+    for _ in range(100):
+        reader.feed(b" " * 500)  # 50 KB of it, against a limit of 1,000 bytes pending
+    reader.feed(b"}")
+    items, page = reader.finish()
+    assert (items, page.rv) == ([], "3")

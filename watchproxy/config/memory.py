@@ -10,10 +10,15 @@ are streamed in pieces: ``lists.answers``, ``lists.sharedbody``):
 - ``limits.max_buffered_list_bytes``: what streamed LIST batches hold for their slowest clients;
 
 on top of the process itself (``BASE_BYTES``: the interpreter, the libraries, the connections'
-buffers, one 256 KiB piece per LIST being written). Given the container's memory limit (cgroup
-v2 ``memory.max``, v1 ``memory.limit_in_bytes``), each budget the configuration does not set is
-derived from what the set ones leave; when the set ones alone exceed the limit, watchproxy
-refuses to start with one line that names them. Pure: the caller reads the cgroup files.
+buffers, one 256 KiB piece per LIST being written). A shared watch's sync in flight is inside
+the cache budget: its lines are counted against ``hub.cache_max_bytes`` as they arrive (with
+the other keys' syncs under way), and beside them it holds one piece of the upstream body and
+the object being parsed, never the body (``hub.fetcher``; test_hub_sync_memory.py).
+
+Given the container's memory limit (cgroup v2 ``memory.max``, v1 ``memory.limit_in_bytes``),
+each budget the configuration does not set is derived from what the set ones leave; when the
+set ones alone exceed the limit, watchproxy refuses to start with one line that names them.
+Pure: the caller reads the cgroup files.
 """
 
 from __future__ import annotations

@@ -14,12 +14,13 @@ from __future__ import annotations
 import asyncio
 import json
 import urllib.parse
-from collections.abc import AsyncGenerator, Callable, MutableSequence
+from collections.abc import AsyncGenerator, Callable, MutableSequence, Sequence
 from http import HTTPStatus
 from typing import Any
 
 from watchproxy.errors import ProxyError, UpstreamBodyTooLarge
 from watchproxy.hub import cachestate
+from watchproxy.hub.cachestate import Entry
 from watchproxy.hub.cachetypes import ListedObject, parse_rv
 from watchproxy.hub.firstsync import FirstSync
 from watchproxy.hub.outcomes import (
@@ -41,10 +42,19 @@ from watchproxy.hub.outcomes import (
 from watchproxy.hub.ports import UpstreamAnswer, UpstreamHealth, WatchSource
 from watchproxy.hub.watchkey import WatchKey
 from watchproxy.kube.jsonobjects import key_of, rv_of
-from watchproxy.kube.representation import Representation
+from watchproxy.kube.representation import ListPage, PageReader, Representation
 from watchproxy.metrics import Metrics
 
 LIST_PAGE_SIZE = 500
+# A page of a representation parsed whole (Table, PartialObjectMetadata, protobuf: only JSON
+# pages are parsed as they arrive) is held whole with its parsed objects: it is asked for with
+# a limit that keeps it near WHOLE_PAGE_BYTES, the first with FIRST_WHOLE_PAGE_SIZE objects
+# (etcd's objects of at most 1.5 MiB: 30 MiB at worst), the next from the pages before.
+WHOLE_PAGE_BYTES = 4 * 1024 * 1024
+FIRST_WHOLE_PAGE_SIZE = 20
+# The largest LIST item a page read as it arrives may hold (a JSON page is parsed item by item,
+# see Fetcher._read_page): etcd stores objects up to 1.5 MiB; upstream.max_event_bytes' default.
+MAX_LIST_ITEM_BYTES = 16 * 1024 * 1024
 # A replay's upstream watch ends after this long (the apiserver's smallest timeoutSeconds): it
 # sends the events it already holds at once, so a quiet key's replay is this long and empty.
 REPLAY_SECONDS = 1
@@ -67,6 +77,14 @@ RELAY_WRITE_SECONDS = 5.0
 # Lines of the initial events parsed between two yields to the event loop: the loop serves
 # every other client meanwhile (500: about 1.5 ms of 2.8 KB pods).
 PARSE_SLICE = 500
+
+
+def whole_page_limit(objects: int, body_bytes: int) -> int:
+    """The limit of the next page read whole, after one of ``objects`` in ``body_bytes``:
+    about WHOLE_PAGE_BYTES of objects like those, 1 to LIST_PAGE_SIZE."""
+    if objects <= 0 or body_bytes <= 0:
+        return LIST_PAGE_SIZE
+    return max(1, min(LIST_PAGE_SIZE, WHOLE_PAGE_BYTES * objects // body_bytes))
 
 
 def _unwell(status: int) -> bool:
@@ -126,8 +144,12 @@ class Fetcher:
         first_sync: FirstSync | None = None,
         initial_timeout_seconds: int = INITIAL_EVENTS_SECONDS,
         watch_lists_refused: Callable[[], None] = lambda: None,
+        cached: Callable[[str], Entry | None] = lambda _key: None,
     ) -> None:
         self.key = key
+        # The cache's entry of a key: a relisted object it holds at the same resourceVersion
+        # is kept as the cache's bytes, not as a second copy (see _listed).
+        self._cached = cached
         # The key's first client, relayed the first list's lines (taken by the first list).
         self.first_sync = first_sync
         # The first list's watch-list goes on as the shared watch: its lifetime.
@@ -179,8 +201,10 @@ class Fetcher:
         list_rv: str | None = None
         token = ""
         listed_bytes = 0
+        whole_pages = self.representation.list_page_reader(MAX_LIST_ITEM_BYTES) is None
+        limit = FIRST_WHOLE_PAGE_SIZE if whole_pages else LIST_PAGE_SIZE
         while True:
-            extra = {"limit": str(LIST_PAGE_SIZE)}
+            extra = {"limit": str(limit)}
             if token:
                 extra["continue"] = token  # (the apiserver forbids resourceVersion with it)
             elif action.not_older_than is not None:
@@ -190,37 +214,50 @@ class Fetcher:
                 answer = await self._open(self._path(**extra), "list")
             except ProxyError as error:
                 return self._broken(error)
-            try:
-                body = await answer.body()
-            except UpstreamBodyTooLarge as error:
-                if action.relist:  # a shared key's relist: an upstream error, retried
-                    return self._broken(error)
-                return Unshareable(NotShared.CACHE_FULL)  # one page beyond the whole budget
-            except ProxyError as error:
-                return self._broken(error)
-            finally:
-                answer.close()
-            if answer.status == 410 and token:
-                items, list_rv, token = [], None, ""  # the continue token expired: start over
-                continue
-            if answer.status == HTTPStatus.NOT_ACCEPTABLE:
-                # No such encoding for this kind (protobuf for a custom resource, say).
-                return Unshareable(NotShared.UNENCODABLE)
-            if answer.status != 200:
-                return Refused(answer.status, body, answer.content_type, answer.retry_after)
-            if _media_type(answer.content_type) != self.representation.content_type:
-                # The apiserver answered in another encoding than the one asked for: the
-                # kind has no such encoding either.
-                return Unshareable(NotShared.UNENCODABLE)
             rep = self.representation
-            try:
-                page = rep.decode_list_page_lines(body)
+            streamed = None
+            if answer.status == 200 and _media_type(answer.content_type) == rep.content_type:
+                streamed = rep.list_page_reader(MAX_LIST_ITEM_BYTES)
+            if streamed is not None:
+                # Parsed as it arrives: the page's body is never held whole, only the item
+                # being read and its line, which the cache keeps.
                 first = len(items)
-                items.extend(cachestate.listed(rep, obj, line) for obj, line in page.items)
-                page_rv, token, remaining = page.rv, page.token, page.remaining
-            except (ValueError, KeyError, TypeError, AttributeError) as error:
-                return Broken(f"unreadable list: {type(error).__name__}")
-            del page, body  # not held while the next page is read
+                read = await self._read_page(answer, streamed, items, action, listed_bytes)
+                if not isinstance(read, ListPage):
+                    return read
+                page_rv, token, remaining = read.rv, read.token, read.remaining
+            else:
+                try:
+                    body = await answer.body()
+                except UpstreamBodyTooLarge as error:
+                    if action.relist:  # a shared key's relist: an upstream error, retried
+                        return self._broken(error)
+                    return Unshareable(NotShared.CACHE_FULL)  # one page beyond the budget
+                except ProxyError as error:
+                    return self._broken(error)
+                finally:
+                    answer.close()
+                if answer.status == 410 and token:
+                    items, list_rv, token = [], None, ""  # the continue token expired: over
+                    continue
+                if answer.status == HTTPStatus.NOT_ACCEPTABLE:
+                    # No such encoding for this kind (protobuf for a custom resource, say).
+                    return Unshareable(NotShared.UNENCODABLE)
+                if answer.status != 200:
+                    return Refused(answer.status, body, answer.content_type, answer.retry_after)
+                if _media_type(answer.content_type) != rep.content_type:
+                    # The apiserver answered in another encoding than the one asked for: the
+                    # kind has no such encoding either.
+                    return Unshareable(NotShared.UNENCODABLE)
+                try:
+                    page = rep.decode_list_page_lines(body)
+                    first = len(items)
+                    items.extend(self._listed(obj, line) for obj, line in page.items)
+                    page_rv, token, remaining = page.rv, page.token, page.remaining
+                except (ValueError, KeyError, TypeError, AttributeError) as error:
+                    return Broken(f"unreadable list: {type(error).__name__}")
+                limit = whole_page_limit(len(items) - first, len(body))
+                del page, body  # not held while the next page is read
             page_bytes = sum(i.size for i in items[first:] if isinstance(i, ListedObject))
             listed_bytes += page_bytes
             # What the whole list will take, from this page's average and the apiserver's
@@ -235,6 +272,56 @@ class Fetcher:
             list_rv = list_rv or page_rv
             if not token:
                 return Listed(items, list_rv)
+
+    def _listed(self, obj: dict[str, Any], line: bytes | None) -> ListedObject:
+        """A listed object as the cache keeps it; one the cache holds at the same
+        resourceVersion already (a relist's unchanged objects, nearly all of them) is its
+        cached form, so that a relist holds the collection once, not twice."""
+        listed = cachestate.listed(self.representation, obj, line)
+        entry = self._cached(listed.key)
+        if entry is not None and entry.rv == listed.rv:
+            return ListedObject(listed.key, listed.rv, entry.kept, entry.size)
+        return listed
+
+    async def _read_page(
+        self,
+        answer: UpstreamAnswer,
+        reader: PageReader,
+        items: MutableSequence[dict[str, Any] | ListedObject],
+        action: OpenList,
+        listed_bytes: int,
+    ) -> ListPage | Outcome:
+        """One LIST page (a 200 in the key's encoding) parsed as its body arrives, its objects
+        appended to ``items`` in the form the cache keeps; its metadata, or the outcome that
+        ends the list. What was listed so far is held against the cache budget as it grows."""
+        pieces = answer.pieces()
+        outcome: Outcome | None = None
+        try:
+            async for piece in pieces:
+                for obj, line in reader.feed(piece):
+                    listed = self._listed(obj, line)
+                    items.append(listed)
+                    listed_bytes += listed.size
+                del piece
+                if not action.relist and not self._cache_admits(listed_bytes):
+                    outcome = Unshareable(NotShared.CACHE_FULL)  # nothing is kept
+                    break
+            else:
+                last, page = reader.finish()
+                items.extend(self._listed(obj, line) for obj, line in last)
+                return page
+        except UpstreamBodyTooLarge as error:
+            # Inflated past the cache budget: a shared key's relist fails as an upstream
+            # error and is retried; a first list is not shared.
+            outcome = self._broken(error) if action.relist else Unshareable(NotShared.CACHE_FULL)
+        except ProxyError as error:
+            outcome = self._broken(error)
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            outcome = Broken(f"unreadable list: {type(error).__name__}")
+        finally:
+            await pieces.aclose()
+            answer.close()
+        return outcome
 
     async def initial_events(self, relay: FirstSync) -> Outcome | None:
         """The key's first list, read from one upstream watch-list up to its initial-events-end
@@ -277,8 +364,11 @@ class Fetcher:
             answer.close()
             return None
         relay.open()
-        # Every ADDED line, in runs as they came (a run is nearly always a piece of the body
-        # that holds only whole ADDED lines), parsed once all are in.
+        # Every ADDED line, parsed once all are in. A run (a piece of the body that holds
+        # whole lines, nearly always ADDED ones only) is cut into its lines as it comes, and
+        # the client is relayed those very lines: were it relayed the run, a client slower
+        # than RELAY_WRITE_SECONDS would hold the runs in its buffers while the state holds
+        # the lines cut from them, the collection twice (test_hub_sync_memory).
         kept: list[bytes] = []
         end_rv: str | None = None
         after: list[bytes] = []  # what came after the end bookmark in its run
@@ -289,9 +379,11 @@ class Fetcher:
         try:
             async for run in runs:
                 if _no_bookmark(run):
-                    relay.put([run], len(run))
-                    kept.append(run)
-                    size += len(run)
+                    lines, run_size = _lines_of(run), len(run)
+                    del run  # (its lines are copies, unless it is one line)
+                    relay.put(lines, run_size)
+                    kept.extend(lines)
+                    size += run_size
                 else:
                     parts, end_rv, strange, after = _initial_lines(_lines_of(run))
                     for added, bookmark, end in parts:
@@ -330,7 +422,7 @@ class Fetcher:
         self._kept = _KeptWatch(end_rv, answer, runs, after)
         relay.end(end_rv)
         await relay.written(RELAY_WRITE_SECONDS)
-        listed = await self._listed_runs(kept, end_rv)
+        listed = await self._listed_lines(kept, end_rv)
         if not isinstance(listed, Listed):
             await self.close()
         return listed
@@ -348,23 +440,21 @@ class Fetcher:
         if kept is not None:
             await kept.close()
 
-    async def _listed_runs(self, runs: MutableSequence[bytes], rv: str) -> Outcome:
-        """Runs of ADDED lines as the cache keeps their objects, parsed a slice at a time;
-        each run is let go once its lines are cut from it."""
+    async def _listed_lines(self, lines: Sequence[bytes], rv: str) -> Outcome:
+        """ADDED lines as the cache keeps their objects (the lines themselves), parsed a
+        slice at a time."""
         rep = self.representation
         items: list[dict[str, Any] | ListedObject] = []
-        runs.reverse()
         parsed = 0
         try:
-            while runs:
-                for line in _lines_of(runs.pop()):
-                    kind, obj = rep.decode_event(line)
-                    if kind != "ADDED":
-                        return Broken(f"an event of type {kind} in the initial events")
-                    items.append(cachestate.listed(rep, rep.prepare(obj), line))
-                    parsed += 1
-                    if parsed % PARSE_SLICE == 0:
-                        await asyncio.sleep(0)
+            for line in lines:
+                kind, obj = rep.decode_event(line)
+                if kind != "ADDED":
+                    return Broken(f"an event of type {kind} in the initial events")
+                items.append(cachestate.listed(rep, rep.prepare(obj), line))
+                parsed += 1
+                if parsed % PARSE_SLICE == 0:
+                    await asyncio.sleep(0)
         except (ValueError, KeyError, TypeError, AttributeError) as error:
             return Broken(f"unreadable initial event: {type(error).__name__}")
         self._sent.inc(len(items))

@@ -125,6 +125,8 @@ class Hub:
         self._history_resources: set[str] = set()
         # Keys that did not fit, until when their watches pass through without another try.
         self._over_budget: dict[WatchKey, float] = {}
+        # Bytes listed so far by keys whose first list is under way (see _cache_admits).
+        self._listing: dict[WatchKey, int] = {}
         self.watch_lists = WatchListSupport(source, clock)
 
     def _shared(
@@ -149,7 +151,7 @@ class Hub:
             forwarded_auth=auth,
             clock=self.clock,
             budget=self.history_budget,
-            cache_admits=self._cache_admits,
+            cache_admits=lambda listing_bytes: self._cache_admits(key, listing_bytes),
             first_sync=first_sync,
             watch_lists_refused=lambda: self.watch_lists.refused(key),
         )
@@ -175,9 +177,23 @@ class Hub:
         """Bytes of cached objects across every shared watch."""
         return sum(w.cache.state_bytes for w in self.watches.values())
 
-    def _cache_admits(self, listing_bytes: int) -> bool:
+    def _cache_admits(self, key: WatchKey, listing_bytes: int) -> bool:
+        """Whether ``key``'s first list, ``listing_bytes`` so far, fits ``hub.cache_max_bytes``
+        beside what is cached and the first lists of other keys under way: each of two lists
+        that run at once would fit alone, but not both."""
+        self._listing[key] = listing_bytes
         limit = self.config.cache_max_bytes
-        return not limit or self.cache_bytes() + listing_bytes <= limit
+        if not limit:
+            return True
+        others = 0
+        for other, size in list(self._listing.items()):
+            shared = self.watches.get(other)
+            if shared is None or shared.closed or shared.cache.synced:
+                if other != key:
+                    del self._listing[other]  # listed (now counted as cached), or gone
+            elif other != key:
+                others += size
+        return self.cache_bytes() + others + listing_bytes <= limit
 
     def _retire(self, shared: SharedWatch) -> None:
         """Called from the shared watch's own tasks: close it from a task the hub owns."""

@@ -34,6 +34,12 @@ class UpstreamAnswer(Protocol):
 
     async def body(self) -> bytes: ...
 
+    def pieces(self) -> AsyncGenerator[bytes, None]:
+        """The body, decoded, in pieces as it arrives (a LIST page parsed as it comes); a
+        body inflated past the source's bound raises ``UpstreamBodyTooLarge``. The caller
+        ``aclose()``s it when it stops reading early."""
+        ...
+
     def lines(self) -> AsyncGenerator[bytes, None]:
         """The body as ``\\n``-terminated lines of any size up to the source's limit.
 

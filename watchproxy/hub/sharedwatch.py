@@ -151,6 +151,7 @@ class SharedWatch:
                 )
             ),
             watch_lists_refused=watch_lists_refused,
+            cached=lambda key: self.cache.state.get(key),
         )
         pacing = FanoutPacing(hub_config.fanout_max_delay_seconds, hub_config.fanout_cpu_share)
         self.fanout = Fanout(self.cache, metrics, key.resource_label, lambda: self.closed, pacing)

@@ -17,12 +17,13 @@ watch. Object dicts handed in are never mutated; dicts handed out must not be mu
 
 from __future__ import annotations
 
+import codecs
 import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from watchproxy.kube.jsonlist import walk_list, with_page_meta
+from watchproxy.kube.jsonlist import ListWalker, walk_list, with_page_meta
 from watchproxy.kube.jsonobjects import (
     INITIAL_EVENTS_END_ANNOTATION,
     JSON,
@@ -60,6 +61,62 @@ class ListPage:
     rv: str = ""
     token: str = ""
     remaining: int | None = None  # metadata.remainingItemCount, when the apiserver says
+
+
+class PageReader:
+    """One JSON LIST page read as it arrives: :meth:`feed` each piece of the body and get
+    the (object, ADDED line) pairs it completed; :meth:`finish` at the end gets the last ones
+    and the page's resourceVersion, continue token and remainingItemCount. It holds the item
+    being read and the rest of the last piece, never the page (see ``ListWalker``)."""
+
+    def __init__(self, rep: JsonRepresentation, max_item_bytes: int) -> None:
+        self._rep = rep
+        self._walker = ListWalker(max_item_bytes)
+        self._decoder = codecs.getincrementaldecoder("utf-8")()
+        self._document: Obj = {}
+        self._typing: _Typing | None = None
+        self._pending: list[tuple[Obj, str]] = []  # items before the list's kind: typed last
+        self.page = ListPage(iter(()))
+
+    def feed(self, data: bytes) -> list[tuple[Obj, bytes]]:
+        return self._items(self._walker.feed(self._decoder.decode(data)))
+
+    def finish(self) -> tuple[list[tuple[Obj, bytes]], ListPage]:
+        """The last items and the page's metadata; ``ValueError`` for a body that is not a
+        whole JSON list."""
+        found = self._walker.feed(self._decoder.decode(b"", final=True))
+        items = self._items(found + self._walker.finish())
+        document = self._document
+        if self._pending:
+            self._typing = self._rep._typed_prefix(document)
+            items += [self._line(value, text) for value, text in self._pending]
+            self._pending = []
+        document["items"] = []
+        page = self.page
+        _, page.rv = self._rep.list_items(document)  # learns the kind, checks the RV
+        metadata = document.get("metadata") or {}
+        page.token = metadata.get("continue") or ""
+        remaining = metadata.get("remainingItemCount")
+        page.remaining = remaining if isinstance(remaining, int) and remaining >= 0 else None
+        return items, page
+
+    def _items(self, found: list[tuple[str, Any, str]]) -> list[tuple[Obj, bytes]]:
+        items: list[tuple[Obj, bytes]] = []
+        document = self._document
+        for key, value, text in found:
+            if key != "items":
+                document[key] = value
+            elif self._typing is None and not ("kind" in document and "apiVersion" in document):
+                self._pending.append((value, text))
+            else:
+                if self._typing is None:
+                    self._typing = self._rep._typed_prefix(document)
+                items.append(self._line(value, text))
+        return items
+
+    def _line(self, value: Obj, text: str) -> tuple[Obj, bytes]:
+        assert self._typing is not None
+        return self._rep._item_line(text, value, 0, len(text), self._typing)
 
 
 class Representation:
@@ -110,6 +167,11 @@ class Representation:
         items, rv, token = self.decode_list_page(body)
         lines = [(obj, self.encode_event("ADDED", obj)) for obj in items]
         return ListPage(iter(lines), rv, token)
+
+    def list_page_reader(self, max_item_bytes: int) -> PageReader | None:
+        """A reader of one LIST page fed in pieces as they arrive (see :class:`PageReader`),
+        or None when a page is decoded whole (:meth:`decode_list_page_lines`)."""
+        return None
 
     def decode_event(self, record: bytes) -> tuple[str, Obj]:
         """One upstream watch record (a line, or a frame) → (type, object)."""
@@ -274,6 +336,9 @@ class JsonRepresentation(Representation):
     identity = "json"
     list_accept_header = JSON
     watch_accept_header = JSON
+
+    def list_page_reader(self, max_item_bytes: int) -> PageReader | None:
+        return PageReader(self, max_item_bytes)
 
     def decode_list_page_lines(self, body: bytes) -> ListPage:
         # Each item's ADDED line is made from the item's own text in the page, not by

@@ -77,11 +77,16 @@ class GzipMembers:
 
 
 async def decoded(
-    chunks: AsyncIterable[bytes], encoding: str, *, joined: bool = False
+    chunks: AsyncIterable[bytes],
+    encoding: str,
+    *,
+    joined: bool = False,
+    max_decoded: int | None = None,
 ) -> AsyncIterator[bytes]:
     """The body's bytes as they arrive, decoded from ``encoding`` (its Content-Encoding:
     identity or gzip). ``joined``: a chunk's decoded pieces (kube-apiserver 1.37 compresses a
-    watch-list one gzip member per event) as one, up to ``DECODED_PIECE_BYTES`` at a time."""
+    watch-list one gzip member per event) as one, up to ``DECODED_PIECE_BYTES`` at a time.
+    A gzip body inflated past ``max_decoded`` bytes in all raises :class:`BodyTooLarge`."""
     encoding = encoding.strip().lower() or "identity"
     if encoding == "identity":
         async for chunk in chunks:
@@ -89,7 +94,7 @@ async def decoded(
         return
     if encoding != "gzip":
         raise BadBody(f"unsupported Content-Encoding {encoding!r}")
-    members = GzipMembers()
+    members = GzipMembers(max_decoded)
     async for chunk in chunks:
         if not joined:
             for out in members.pieces(chunk):

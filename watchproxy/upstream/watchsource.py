@@ -66,6 +66,27 @@ class _Answer:
         except BadBody as error:
             raise UpstreamUnavailable(f"the upstream answer broke: {error}") from None
 
+    async def pieces(self) -> AsyncGenerator[bytes, None]:
+        chunks = decoded(
+            self._response.chunks(joined=True),
+            self._encoding,
+            joined=True,
+            max_decoded=self._max_decoded,
+        )
+        failure: Exception | None = None
+        try:
+            async for piece in chunks:
+                yield piece
+        except BodyTooLarge as error:
+            failure = UpstreamBodyTooLarge(f"the upstream answer is too large: {error}")
+        except BadBody as error:
+            failure = UpstreamUnavailable(f"the upstream answer broke: {error}")
+        finally:
+            await chunks.aclose()  # type: ignore[attr-defined]
+        if failure is not None:
+            raise failure
+        self._whole = True  # read to its end: the connection may serve again
+
     def lines(self) -> AsyncGenerator[bytes, None]:
         chunks = decoded(self._response.chunks(), self._encoding)
         return self._records(read_lines(chunks, self._max_line))
