@@ -608,6 +608,7 @@ def test_table_and_partial_metadata_lists_come_in_pieces_that_join_into_the_whol
     if page is not None:
         assert document["metadata"]["continue"] == "tok"
 
+
 def page_read_in_pieces(rep: JsonRepresentation, body: bytes, size: int) -> Any:
     """A page fed to its reader ``size`` bytes at a time: its (object, line) pairs and page."""
     reader = rep.list_page_reader(1 << 20)
