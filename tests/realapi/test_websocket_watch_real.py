@@ -93,18 +93,23 @@ def hub_clients(running: Any) -> int:
 
 @pytest.mark.parametrize("accept", ["application/json", PROTOBUF], ids=["json", "protobuf"])
 async def test_a_websocket_watch_through_watchproxy_is_the_apiservers_message_for_message(
-    tmp_path: Path, real_apiserver: RealApiServer, direct: Api, namespace: str, accept: str
+    tmp_path: Path,
+    real_apiserver: RealApiServer,
+    session: aiohttp.ClientSession,
+    direct: Api,
+    namespace: str,
+    accept: str,
 ) -> None:
     pods = f"/api/v1/namespaces/{namespace}/pods"
     for i in range(2):
         await direct.ok("POST", pods, body=pod(f"p{i}"))
-    async with proxy(tmp_path, real_apiserver) as (running, _api), aiohttp.ClientSession() as s:
+    async with proxy(tmp_path, real_apiserver) as (running, _api):
         ways = sides(real_apiserver, running.url)
         target = pods + "?watch=true"
         got: dict[str, list[aiohttp.WSMessage]] = {name: [] for name in ways}
         async with (
-            ways["direct"].connect(s, target, headers={"Accept": accept}) as direct_ws,
-            ways["watchproxy"].connect(s, target, headers={"Accept": accept}) as proxy_ws,
+            ways["direct"].connect(session, target, headers={"Accept": accept}) as direct_ws,
+            ways["watchproxy"].connect(session, target, headers={"Accept": accept}) as proxy_ws,
         ):
             sockets = {"direct": direct_ws, "watchproxy": proxy_ws}
             for name, ws in sockets.items():
@@ -130,16 +135,20 @@ async def test_a_websocket_watch_through_watchproxy_is_the_apiservers_message_fo
 
 
 async def test_timeout_seconds_ends_a_websocket_watch_with_close_1000_as_the_apiserver(
-    tmp_path: Path, real_apiserver: RealApiServer, direct: Api, namespace: str
+    tmp_path: Path,
+    real_apiserver: RealApiServer,
+    session: aiohttp.ClientSession,
+    direct: Api,
+    namespace: str,
 ) -> None:
     cms = f"/api/v1/namespaces/{namespace}/configmaps"
     await direct.ok("POST", cms, body=configmap("c"))
-    async with proxy(tmp_path, real_apiserver) as (running, _api), aiohttp.ClientSession() as s:
+    async with proxy(tmp_path, real_apiserver) as (running, _api):
         ends: dict[str, Any] = {}
         loop = asyncio.get_running_loop()
         for name, way in sides(real_apiserver, running.url).items():
             started = loop.time()
-            async with way.connect(s, cms + "?watch=true&timeoutSeconds=2") as ws:
+            async with way.connect(session, cms + "?watch=true&timeoutSeconds=2") as ws:
                 messages, code = await read_to_close(ws)
             took = loop.time() - started
             assert 1.9 <= took < 5, (name, took)
@@ -148,7 +157,11 @@ async def test_timeout_seconds_ends_a_websocket_watch_with_close_1000_as_the_api
 
 
 async def test_an_expired_resource_version_is_one_410_message_then_close_as_the_apiserver(
-    tmp_path: Path, real_apiserver: RealApiServer, direct: Api, namespace: str
+    tmp_path: Path,
+    real_apiserver: RealApiServer,
+    session: aiohttp.ClientSession,
+    direct: Api,
+    namespace: str,
 ) -> None:
     cms = f"/api/v1/namespaces/{namespace}/configmaps"
     # resourceVersion 1 expires with the apiserver's second compaction (it compacts to the
@@ -159,10 +172,10 @@ async def test_an_expired_resource_version_is_one_410_message_then_close_as_the_
         ).status != 410:
             await direct.ok("POST", cms, body=configmap(f"tick-{secrets.token_hex(3)}"))
             await asyncio.sleep(0.5)
-    async with proxy(tmp_path, real_apiserver) as (running, _api), aiohttp.ClientSession() as s:
+    async with proxy(tmp_path, real_apiserver) as (running, _api):
         ends: dict[str, Any] = {}
         for name, way in sides(real_apiserver, running.url).items():
-            async with way.connect(s, cms + "?watch=true&resourceVersion=1") as ws:
+            async with way.connect(session, cms + "?watch=true&resourceVersion=1") as ws:
                 messages, code = await read_to_close(ws)
             events = [(m.type, json.loads(m.data)) for m in messages]
             ends[name] = (
@@ -187,17 +200,18 @@ async def test_an_expired_resource_version_is_one_410_message_then_close_as_the_
 async def test_the_handshake_is_answered_as_the_apiserver_answers_it(
     tmp_path: Path,
     real_apiserver: RealApiServer,
+    session: aiohttp.ClientSession,
     direct: Api,
     namespace: str,
     headers: dict[str, str],
     protocols: tuple[str, ...],
 ) -> None:
     cms = f"/api/v1/namespaces/{namespace}/configmaps?watch=true&timeoutSeconds=1"
-    async with proxy(tmp_path, real_apiserver) as (running, _api), aiohttp.ClientSession() as s:
+    async with proxy(tmp_path, real_apiserver) as (running, _api):
         answers: dict[str, Any] = {}
         for name, way in sides(real_apiserver, running.url).items():
             try:
-                async with way.connect(s, cms, headers=headers, protocols=protocols) as ws:
+                async with way.connect(session, cms, headers=headers, protocols=protocols) as ws:
                     _messages, code = await read_to_close(ws)
                     answers[name] = (101, ws.protocol, code)
             except aiohttp.WSServerHandshakeError as refused:
@@ -206,15 +220,19 @@ async def test_the_handshake_is_answered_as_the_apiserver_answers_it(
 
 
 async def test_a_ping_gets_its_pong_and_a_close_gets_the_apiservers_close(
-    tmp_path: Path, real_apiserver: RealApiServer, direct: Api, namespace: str
+    tmp_path: Path,
+    real_apiserver: RealApiServer,
+    session: aiohttp.ClientSession,
+    direct: Api,
+    namespace: str,
 ) -> None:
     cms = f"/api/v1/namespaces/{namespace}/configmaps"
     await direct.ok("POST", cms, body=configmap("c"))
     payload = secrets.token_bytes(20)
-    async with proxy(tmp_path, real_apiserver) as (running, _api), aiohttp.ClientSession() as s:
+    async with proxy(tmp_path, real_apiserver) as (running, _api):
         seen: dict[str, Any] = {}
         for name, way in sides(real_apiserver, running.url).items():
-            async with way.connect(s, cms + "?watch=true", autoping=False) as ws:
+            async with way.connect(session, cms + "?watch=true", autoping=False) as ws:
                 first = await asyncio.wait_for(ws.receive(), 10)
                 await ws.send_str("a watch client's text is read and dropped")
                 await ws.ping(payload)
