@@ -32,6 +32,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         tier = item.path.parent.name
         if tier in TIERS:
             item.add_marker(getattr(pytest.mark, tier))
+    # Tests marked ``long(seconds)`` go first, the longest first: pytest-xdist hands the first
+    # quarter of the collection out round-robin, so each starts at once on a worker of its own
+    # while the short tests fill the others. In file order they could start late and run on
+    # after the rest had finished (the conformance test alone is about three minutes).
+    items.sort(key=lambda item: -_long_seconds(item))
+
+
+def _long_seconds(item: pytest.Item) -> float:
+    marker = item.get_closest_marker("long")
+    return 0.0 if marker is None else float(marker.args[0])
 
 
 def pytest_assertrepr_compare(op: str, left: Any, right: Any) -> list[str] | None:

@@ -24,6 +24,8 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
+
 from tests.component.test_client_gone import (
     JSON,
     METADATA,
@@ -160,6 +162,7 @@ async def churn(running: Running, *, seconds: float, clients: int, seed: int) ->
     return kinds
 
 
+@pytest.mark.long(27)
 async def test_clients_that_come_and_go_leave_nothing_behind(tmp_path: Any) -> None:
     async with quiet_proxy(tmp_path) as running:
         running.fake.store.create("pods", "default", pod("shell"))

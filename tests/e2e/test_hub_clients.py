@@ -18,6 +18,7 @@ from collections import Counter
 from typing import Any
 
 import aiohttp
+import pytest
 
 from tests.harness import KUBECTL, Running, running_proxy, wait_for
 
@@ -254,6 +255,7 @@ def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | Non
         future.set_result(result)
 
 
+@pytest.mark.long(25)
 async def test_fifty_mixed_clients_share_watches_and_miss_nothing(tmp_path: Any) -> None:
     overrides = {"ratelimit.qps": 0, "hub.max_subscriber_lag": 100000}
     async with running_proxy(tmp_path, overrides) as running:

@@ -18,6 +18,8 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 from tests.component.test_client_churn import reset
 from tests.component.test_client_gone import JSON, TABLE, RawClient
 from tests.harness import RunningProxy, wait_for
@@ -114,6 +116,7 @@ async def churn(port: int, cms: str, *, seconds: float, clients: int, seed: int)
     return {task.result() for task in tasks}
 
 
+@pytest.mark.long(18)
 async def test_clients_that_come_and_go_leave_nothing_at_the_apiserver(
     tmp_path: Path, real_apiserver: RealApiServer, direct: Api, namespace: str
 ) -> None:

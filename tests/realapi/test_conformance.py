@@ -47,7 +47,7 @@ SELECTION = specs.FULL if MODE == "full" else specs.SUBSET
 NEWEST_KUBECTL = 37
 RUN_TIMEOUT = 3600.0 if MODE == "full" else 420.0
 
-pytestmark = pytest.mark.timeout(2 * RUN_TIMEOUT + 300, func_only=True)
+pytestmark = [pytest.mark.long(170), pytest.mark.timeout(2 * RUN_TIMEOUT + 300, func_only=True)]
 
 
 def conformance_binary() -> Path:

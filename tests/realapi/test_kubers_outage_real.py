@@ -16,7 +16,7 @@ from bench.kubers_outage import scenario
 from tests.clients.build_rust_node import ToolchainMissing, build_kubewatch, on_ci
 from tests.realapi.fixture import Unavailable, binary_problem, ci_requires_tier
 
-pytestmark = pytest.mark.timeout(180, func_only=True)
+pytestmark = [pytest.mark.long(45), pytest.mark.timeout(180, func_only=True)]
 
 
 @pytest.fixture(scope="module")

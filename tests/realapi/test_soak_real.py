@@ -20,6 +20,7 @@ SECONDS = float(os.environ.get("WATCHPROXY_SOAK_REAL_SECONDS", "20"))
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_soak_through_tcp_faults_and_restarts_loses_repeats_and_leaks_nothing() -> None:
     problem = binary_problem()
     if problem is not None:
