@@ -185,7 +185,7 @@ def remove_cgroup_tree(top: Path) -> list[str]:
     if not top.exists():
         return []
     left = []
-    for path in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+    for path in sorted(cgroup_subdirs(top), key=lambda p: -len(p.parts)):
         try:
             path.rmdir()
         except OSError as error:
@@ -197,13 +197,19 @@ def remove_cgroup_tree(top: Path) -> list[str]:
     return left
 
 
+def cgroup_subdirs(top: Path) -> list[Path]:
+    """Every cgroup under ``top``. With os.walk, not Path.rglob: the runtime removes a
+    container's cgroup as its last process dies, and rglob raised FileNotFoundError when a
+    directory it had listed was gone before it looked inside (a teardown killing the pods
+    failed so); os.walk passes over a directory it can no longer read."""
+    return [Path(root) / d for root, dirs, _files in os.walk(top) for d in dirs]
+
+
 def cgroup_pids(top: Path) -> list[int]:
     pids: list[int] = []
-    if not top.exists():
-        return pids
-    for procs in top.rglob("cgroup.procs"):
-        with contextlib.suppress(OSError):
-            pids += [int(p) for p in procs.read_text().split()]
+    for cgroup in [top, *cgroup_subdirs(top)]:
+        with contextlib.suppress(OSError):  # gone since it was listed
+            pids += [int(p) for p in (cgroup / "cgroup.procs").read_text().split()]
     return pids
 
 
