@@ -1,6 +1,7 @@
 """A cold key's watch-list, taken in runs of whole lines (``read_line_runs``) and split at its
 initial-events-end bookmark (``fetcher._initial_lines``): whatever the pieces the body came in,
-the runs hold exactly its lines, in order, and the end bookmark is found wherever it falls."""
+the runs hold exactly its lines, in order, and the end bookmark is found wherever it falls; a
+run is relayed without a look at each line's JSON only when every line is an ADDED event."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from watchproxy.hub.fetcher import _initial_lines, _lines_of
+from watchproxy.hub.fetcher import _all_added, _initial_lines, _lines_of
 from watchproxy.upstream.bodies import LineTooLong, read_line_runs
 
 
@@ -70,3 +71,24 @@ def test_an_error_before_the_end_is_reported() -> None:
     runs, end_rv, strange, _ = _initial_lines([added(1), error])
     assert runs == [([added(1), error], None, False)]  # relayed as it came, then the end
     assert end_rv is None and strange == "an event of type ERROR"
+
+
+def test_lines_are_cut_at_newlines_only() -> None:
+    carriage = added(2).replace(b'"p2"', b'"p\r2"')  # as no apiserver writes it
+    run = added(1) + carriage + added(3)
+    assert _lines_of(run) == [added(1), carriage, added(3)]
+
+
+def test_a_run_skips_the_look_at_each_line_only_when_every_line_is_added() -> None:
+    # An object may hold what a bookmark line begins with: it is still an ADDED line.
+    nested = added(1).replace(b'"metadata"', b'"spec":{"type":"BOOKMARK","x":1},"metadata"')
+    assert _all_added([added(0), nested, added(2)])
+    assert _all_added([])
+    for other in (
+        bookmark("30", end=False),
+        bookmark("40", end=True),
+        b'{"type":"ERROR","object":{"kind":"Status","code":410}}\n',
+        b"\n",
+    ):
+        assert not _all_added([added(0), other, added(2)])
+        assert not _all_added([other])
