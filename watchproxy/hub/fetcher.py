@@ -16,7 +16,6 @@ import json
 import urllib.parse
 from collections.abc import AsyncGenerator, Callable, MutableSequence, Sequence
 from http import HTTPStatus
-from io import BytesIO
 from itertools import repeat
 from typing import Any
 
@@ -100,27 +99,31 @@ class _KeptWatch:
     """A cold key's watch-list past its initial events: the key's shared watch from ``rv``."""
 
     def __init__(
-        self, rv: str, answer: UpstreamAnswer, runs: AsyncGenerator[bytes, None], after: list[bytes]
+        self,
+        rv: str,
+        answer: UpstreamAnswer,
+        batches: AsyncGenerator[list[bytes], None],
+        after: list[bytes],
     ) -> None:
         self.rv = rv
         self.answer = answer
-        self._runs = runs
+        self._batches = batches
         self._after = after
 
     async def lines(self) -> AsyncGenerator[bytes, None]:
-        """Its lines from the end bookmark on, the rest of the run it ended first."""
+        """Its lines from the end bookmark on, the rest of the batch it ended first."""
         after, self._after = self._after, []
         try:
             for line in after:
                 yield line
-            async for run in self._runs:
-                for line in _lines_of(run):
+            async for batch in self._batches:
+                for line in batch:
                     yield line
         finally:
-            await self._runs.aclose()
+            await self._batches.aclose()
 
     async def close(self) -> None:
-        await self._runs.aclose()
+        await self._batches.aclose()
         self.answer.close()
 
 
@@ -365,26 +368,25 @@ class Fetcher:
             answer.close()
             return None
         relay.open()
-        # Every ADDED line, parsed once all are in. A run (a piece of the body that holds
-        # whole lines, nearly always ADDED ones only) is cut into its lines as it comes, and
-        # the client is relayed those very lines: were it relayed the run, a client slower
-        # than RELAY_WRITE_SECONDS would hold the runs in its buffers while the state holds
-        # the lines cut from them, the collection twice (test_hub_sync_memory).
+        # Every ADDED line, parsed once all are in. The body comes cut into lines, a piece's
+        # worth at a time (nearly always ADDED ones only), and the client is relayed those
+        # very lines: were it relayed the body's pieces, a client slower than
+        # RELAY_WRITE_SECONDS would hold them in its buffers while the state holds the lines
+        # cut from them, the collection twice (test_hub_sync_memory).
         kept: list[bytes] = []
         end_rv: str | None = None
-        after: list[bytes] = []  # what came after the end bookmark in its run
+        after: list[bytes] = []  # what came after the end bookmark in its batch
         outcome: Outcome | None = None
         handed = False  # the stream is the first client's (see FirstSync.hand_over)
         size = 0
-        runs = answer.line_runs()
+        batches = answer.line_batches()
         try:
-            async for run in runs:
-                lines, run_size = _lines_of(run), len(run)
-                del run  # (its lines are copies)
+            async for lines in batches:
                 if _all_added(lines):
-                    relay.put(lines, run_size)
+                    batch_size = sum(map(len, lines))
+                    relay.put(lines, batch_size)
                     kept.extend(lines)
-                    size += run_size
+                    size += batch_size
                 else:
                     parts, end_rv, strange, after = _initial_lines(lines)
                     for added, bookmark, end in parts:
@@ -403,7 +405,7 @@ class Fetcher:
                     # Not shared: the first client has had part of the initial events, and
                     # gets the rest of this stream as its own, as a client passed through.
                     outcome = Unshareable(NotShared.CACHE_FULL)
-                    handed = relay.hand_over(_KeptWatch("", answer, runs, after))
+                    handed = relay.hand_over(_KeptWatch("", answer, batches, after))
                     break
                 if end_rv is not None:
                     break
@@ -413,14 +415,14 @@ class Fetcher:
             outcome = self._broken(error)
         finally:
             if (end_rv is None or outcome is not None) and not handed:
-                await runs.aclose()
+                await batches.aclose()
                 answer.close()
         if outcome is not None or end_rv is None:
             relay.fail()  # (not after a hand-over)
             return outcome or Broken("no initial-events-end bookmark")
         # The same stream goes on as the key's shared watch from the end bookmark's RV: one
         # upstream request for the list and the watch (see watch()).
-        self._kept = _KeptWatch(end_rv, answer, runs, after)
+        self._kept = _KeptWatch(end_rv, answer, batches, after)
         relay.end(end_rv)
         await relay.written(RELAY_WRITE_SECONDS)
         listed = await self._listed_lines(kept, end_rv)
@@ -722,18 +724,9 @@ def _all_added(lines: list[bytes]) -> bool:
     """Whether every line is an ADDED event, as a watch-list's initial events are but for a
     bookmark, or an ERROR, which goes to the client as the apiserver sent it.
 
-    One C call per line, at its first bytes, where a search of the run for a bookmark line
-    (``in``) read every byte of it again."""
+    One C call per line, at its first bytes, where a search of the body's piece for a
+    bookmark line (``in``) read every byte of it again."""
     return all(map(bytes.startswith, lines, repeat(_ADDED_LINE)))
-
-
-def _lines_of(run: bytes) -> list[bytes]:
-    """The ``\n``-terminated lines of ``run``, each a copy of its own (the cache keeps them).
-
-    ``BytesIO`` shares ``run`` and finds each line's end with memchr, where ``splitlines``
-    tests every byte for ``\r`` and ``\n`` in a loop of its own (and would cut at a ``\r``,
-    which the apiserver's JSON never holds)."""
-    return BytesIO(run).readlines()
 
 
 def _added(lines: list[bytes]) -> list[bytes]:
