@@ -77,8 +77,8 @@ class GzipMembers:
             raise BadBody(f"gzip body truncated inside member {self.members + 1}")
 
 
-async def decoded(
-    chunks: AsyncIterable[bytes],
+def decoded(
+    chunks: AsyncIterator[bytes],
     encoding: str,
     *,
     joined: bool = False,
@@ -87,12 +87,19 @@ async def decoded(
     """The body's bytes as they arrive, decoded from ``encoding`` (its Content-Encoding:
     identity or gzip). ``joined``: a chunk's decoded pieces (kube-apiserver 1.37 compresses a
     watch-list one gzip member per event) as one, up to ``DECODED_PIECE_BYTES`` at a time.
-    A gzip body inflated past ``max_decoded`` bytes in all raises :class:`BodyTooLarge`."""
-    encoding = encoding.strip().lower() or "identity"
-    if encoding == "identity":
-        async for chunk in chunks:
-            yield chunk
-        return
+    A gzip body inflated past ``max_decoded`` bytes in all raises :class:`BodyTooLarge`; an
+    unknown encoding raises :class:`BadBody` once read."""
+    if (encoding.strip().lower() or "identity") == "identity":
+        # ``chunks`` itself: a generator that passed each piece on was one more step of
+        # Python per piece, for every piece of every body.
+        return chunks
+    return _gunzipped(chunks, encoding, joined=joined, max_decoded=max_decoded)
+
+
+async def _gunzipped(
+    chunks: AsyncIterable[bytes], encoding: str, *, joined: bool, max_decoded: int | None
+) -> AsyncIterator[bytes]:
+    encoding = encoding.strip().lower()
     if encoding != "gzip":
         raise BadBody(f"unsupported Content-Encoding {encoding!r}")
     members = GzipMembers(max_decoded)
