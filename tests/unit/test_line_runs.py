@@ -38,7 +38,9 @@ async def pieces(body: bytes, rng: random.Random) -> AsyncIterator[bytes]:
 
 
 async def batches_of(body: bytes, seed: int, max_line: int = 10_000) -> list[list[bytes]]:
-    return [b async for b in read_line_batches(pieces(body, random.Random(seed)), max_line)]
+    batches = [b async for b in read_line_batches(pieces(body, random.Random(seed)), max_line)]
+    assert all(size == sum(map(len, lines)) for lines, size in batches)
+    return [lines for lines, _ in batches]
 
 
 @pytest.mark.parametrize("seed", range(20))

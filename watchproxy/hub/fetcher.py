@@ -102,7 +102,7 @@ class _KeptWatch:
         self,
         rv: str,
         answer: UpstreamAnswer,
-        batches: AsyncGenerator[list[bytes], None],
+        batches: AsyncGenerator[tuple[list[bytes], int], None],
         after: list[bytes],
     ) -> None:
         self.rv = rv
@@ -116,7 +116,7 @@ class _KeptWatch:
         try:
             for line in after:
                 yield line
-            async for batch in self._batches:
+            async for batch, _ in self._batches:
                 for line in batch:
                     yield line
         finally:
@@ -381,9 +381,8 @@ class Fetcher:
         size = 0
         batches = answer.line_batches()
         try:
-            async for lines in batches:
+            async for lines, batch_size in batches:
                 if _all_added(lines):
-                    batch_size = sum(map(len, lines))
                     relay.put(lines, batch_size)
                     kept.extend(lines)
                     size += batch_size

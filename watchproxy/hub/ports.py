@@ -47,9 +47,9 @@ class UpstreamAnswer(Protocol):
         """
         ...
 
-    def line_batches(self) -> AsyncGenerator[list[bytes], None]:
-        """What :meth:`lines` yields, a piece of the body's worth at a time (a cold key's
-        initial events, taken by the thousand)."""
+    def line_batches(self) -> AsyncGenerator[tuple[list[bytes], int], None]:
+        """What :meth:`lines` yields, a piece of the body's worth at a time, with its size in
+        bytes (a cold key's initial events, taken by the thousand)."""
         ...
 
     def frames(self) -> AsyncGenerator[bytes, None]:

@@ -165,8 +165,9 @@ async def read_lines(body: AsyncIterable[bytes], max_line: int) -> AsyncIterator
 
 async def read_line_batches(
     body: AsyncIterable[bytes], max_line: int
-) -> AsyncIterator[list[bytes]]:
-    """The body of a watch as lists of its ``\n``-terminated lines, a piece's worth at a time.
+) -> AsyncIterator[tuple[list[bytes], int]]:
+    """The body of a watch as lists of its ``\n``-terminated lines, a piece's worth at a time,
+    each with its size in bytes (known from the piece, not summed line by line).
 
     What :func:`read_lines` yields, for a reader that takes lines by the thousand (a cold key's
     initial events relayed to its first client). Each line is cut straight from the piece it
@@ -178,18 +179,20 @@ async def read_line_batches(
     """
     carry = b""
     async for chunk in body:
-        if chunk.rfind(b"\n") < 0:
+        cut = chunk.rfind(b"\n") + 1
+        if not cut:
             carry += chunk
             if len(carry) > max_line:
                 raise LineTooLong(len(carry))
             continue
         lines = BytesIO(chunk).readlines()
+        size = len(carry) + cut
         if carry:  # the line begun in the pieces before ends in this one
             lines[0] = carry + lines[0]
             if len(lines[0]) > max_line:
                 raise LineTooLong(len(lines[0]))
-        carry = b"" if lines[-1].endswith(b"\n") else lines.pop()
-        yield lines
+        carry = b"" if cut == len(chunk) else lines.pop()
+        yield lines, size
 
 
 async def read_frames(body: AsyncIterable[bytes], max_frame: int) -> AsyncIterator[bytes]:

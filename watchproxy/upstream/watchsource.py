@@ -91,7 +91,7 @@ class _Answer:
         chunks = decoded(self._response.chunks(), self._encoding)
         return self._records(read_lines(chunks, self._max_line))
 
-    def line_batches(self) -> AsyncGenerator[list[bytes], None]:
+    def line_batches(self) -> AsyncGenerator[tuple[list[bytes], int], None]:
         chunks = decoded(self._response.chunks(joined=True), self._encoding, joined=True)
         return self._records(read_line_batches(chunks, self._max_line))
 
