@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Sequence
 
 import pytest
 
+from tests.harness import wait_for
 from watchproxy.errors import UpstreamUnavailable
 from watchproxy.kube.headers import HOP_BY_HOP
 from watchproxy.upstream.connection import Broken
@@ -99,6 +100,26 @@ async def test_a_framed_answer_gives_its_body_and_the_connection_serves_again(
         assert await body_of(first) == body
         assert await body_of(await ask(pool)) == b"{}"
         assert pool.dials == 1
+
+
+async def test_a_body_read_into_one_reused_buffer_is_kept_intact_until_taken() -> None:
+    # llhttp is fed the connection's read buffer in place (no copy of each read): every part
+    # of the body it keeps must be its own bytes, or the next read would overwrite it.
+    # About four reads' worth, under the mark where the connection stops reading.
+    parts = [bytes([65 + i]) * 30_000 + b"\n" for i in range(7)]
+    answer = [
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+        *(b"%x\r\n%s\r\n" % (len(part), part) for part in parts),
+        b"0\r\n\r\n",
+    ]
+    async with scripted([answer, OK_LENGTH]) as pool:
+        response = await ask(pool)
+        connection = response._connection
+        assert connection is not None
+        # The whole body has arrived, nothing of it taken meanwhile.
+        await wait_for(lambda: connection.complete, what="the whole body")
+        assert await body_of(response) == b"".join(parts)
+        assert await body_of(await ask(pool)) == b"{}"
 
 
 async def test_an_interim_answer_is_skipped() -> None:

@@ -1,11 +1,13 @@
 """``GzipMembers``: a gzip body of many members, fed in any pieces, decodes completely; one that
-ends inside a member or is not gzip is a ``BadBody``, never a shorter body."""
+ends inside a member or is not gzip is a ``BadBody``, never a shorter body; an identity body
+is read as it came."""
 
 from __future__ import annotations
 
 import gzip
 import random
 import zlib
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -14,6 +16,7 @@ from watchproxy.upstream.bodies import (
     BadBody,
     BodyTooLarge,
     GzipMembers,
+    decoded,
     decoded_whole,
 )
 
@@ -105,3 +108,17 @@ def test_inflation_past_the_total_bound_raises_body_too_large() -> None:
     with pytest.raises(BodyTooLarge, match="inflates past 1048576 bytes"):
         decoded_whole(body, "gzip", 1 << 20)
     assert decoded_whole(body, "gzip", 8 << 20) == b" " * (8 << 20)  # the bound itself is fine
+
+
+async def _pieces(*parts: bytes) -> AsyncIterator[bytes]:
+    for part in parts:
+        yield part
+
+
+async def test_an_identity_body_is_its_pieces_and_an_unknown_coding_fails_once_read() -> None:
+    body = _pieces(b"a", b"b")
+    assert decoded(body, " Identity ") is body  # no step of its own per piece
+    assert [p async for p in decoded(_pieces(gzip.compress(b"ab")), "gzip")] == [b"ab"]
+    unknown = decoded(_pieces(b"a"), "br")  # not refused before it is read
+    with pytest.raises(BadBody):
+        _ = [p async for p in unknown]

@@ -1,6 +1,8 @@
-"""A cold key's watch-list, taken in runs of whole lines (``read_line_runs``) and split at its
-initial-events-end bookmark (``fetcher._initial_lines``): whatever the pieces the body came in,
-the runs hold exactly its lines, in order, and the end bookmark is found wherever it falls."""
+"""A cold key's watch-list, taken in batches of whole lines (``read_line_batches``) and split at
+its initial-events-end bookmark (``fetcher._initial_lines``): whatever the pieces the body came
+in, the batches hold exactly its lines, in order, and the end bookmark is found wherever it
+falls; a batch is relayed without a look at each line's JSON only when every line is an ADDED
+event."""
 
 from __future__ import annotations
 
@@ -10,8 +12,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from watchproxy.hub.fetcher import _initial_lines, _lines_of
-from watchproxy.upstream.bodies import LineTooLong, read_line_runs
+from watchproxy.hub.fetcher import _all_added, _initial_lines
+from watchproxy.upstream.bodies import LineTooLong, read_line_batches
 
 
 def added(i: int) -> bytes:
@@ -35,19 +37,25 @@ async def pieces(body: bytes, rng: random.Random) -> AsyncIterator[bytes]:
         start += size
 
 
+async def batches_of(body: bytes, seed: int, max_line: int = 10_000) -> list[list[bytes]]:
+    batches = [b async for b in read_line_batches(pieces(body, random.Random(seed)), max_line)]
+    assert all(size == sum(map(len, lines)) for lines, size in batches)
+    return [lines for lines, _ in batches]
+
+
 @pytest.mark.parametrize("seed", range(20))
-async def test_runs_hold_the_body_s_lines_whatever_its_pieces(seed: int) -> None:
+async def test_batches_hold_the_body_s_lines_whatever_its_pieces(seed: int) -> None:
     lines = [added(i) for i in range(50)]
     body = b"".join(lines) + b'{"type":"ADD'  # a truncated last line is not a line
-    runs = [run async for run in read_line_runs(pieces(body, random.Random(seed)), 10_000)]
-    assert all(run.endswith(b"\n") for run in runs)
-    assert [line for run in runs for line in _lines_of(run)] == lines
+    batches = await batches_of(body, seed)
+    assert all(batches)
+    assert [line for batch in batches for line in batch] == lines
 
 
 async def test_a_line_longer_than_the_limit_is_refused() -> None:
     body = added(1) + b"x" * 5000 + b"\n"
     with pytest.raises(LineTooLong):
-        _ = [run async for run in read_line_runs(pieces(body, random.Random(1)), 1000)]
+        await batches_of(body, 1, max_line=1000)
 
 
 def test_the_end_bookmark_splits_a_run_and_what_follows_is_kept() -> None:
@@ -70,3 +78,25 @@ def test_an_error_before_the_end_is_reported() -> None:
     runs, end_rv, strange, _ = _initial_lines([added(1), error])
     assert runs == [([added(1), error], None, False)]  # relayed as it came, then the end
     assert end_rv is None and strange == "an event of type ERROR"
+
+
+async def test_lines_are_cut_at_newlines_only() -> None:
+    carriage = added(2).replace(b'"p2"', b'"p\r2"')  # as no apiserver writes it
+    body = added(1) + carriage + added(3)
+    batches = await batches_of(body, 3)
+    assert [line for batch in batches for line in batch] == [added(1), carriage, added(3)]
+
+
+def test_a_run_skips_the_look_at_each_line_only_when_every_line_is_added() -> None:
+    # An object may hold what a bookmark line begins with: it is still an ADDED line.
+    nested = added(1).replace(b'"metadata"', b'"spec":{"type":"BOOKMARK","x":1},"metadata"')
+    assert _all_added([added(0), nested, added(2)])
+    assert _all_added([])
+    for other in (
+        bookmark("30", end=False),
+        bookmark("40", end=True),
+        b'{"type":"ERROR","object":{"kind":"Status","code":410}}\n',
+        b"\n",
+    ):
+        assert not _all_added([added(0), other, added(2)])
+        assert not _all_added([other])

@@ -16,6 +16,7 @@ import json
 import urllib.parse
 from collections.abc import AsyncGenerator, Callable, MutableSequence, Sequence
 from http import HTTPStatus
+from itertools import repeat
 from typing import Any
 
 from watchproxy.errors import ProxyError, UpstreamBodyTooLarge
@@ -69,7 +70,6 @@ INITIAL_EVENTS_END = "k8s.io/initial-events-end"
 # events: its timeoutSeconds unless the shared watch says otherwise.
 INITIAL_EVENTS_SECONDS = 600
 _ADDED_LINE = b'{"type":"ADDED",'
-_BOOKMARK_LINE = b'{"type":"BOOKMARK",'
 # How long the state waits to be built until the first client has taken the relayed lines
 # (what its socket cannot take at once waits in its write buffer, which parsing would not
 # empty: the loop writes it out between slices). Other clients of the key wait this much more.
@@ -99,27 +99,31 @@ class _KeptWatch:
     """A cold key's watch-list past its initial events: the key's shared watch from ``rv``."""
 
     def __init__(
-        self, rv: str, answer: UpstreamAnswer, runs: AsyncGenerator[bytes, None], after: list[bytes]
+        self,
+        rv: str,
+        answer: UpstreamAnswer,
+        batches: AsyncGenerator[tuple[list[bytes], int], None],
+        after: list[bytes],
     ) -> None:
         self.rv = rv
         self.answer = answer
-        self._runs = runs
+        self._batches = batches
         self._after = after
 
     async def lines(self) -> AsyncGenerator[bytes, None]:
-        """Its lines from the end bookmark on, the rest of the run it ended first."""
+        """Its lines from the end bookmark on, the rest of the batch it ended first."""
         after, self._after = self._after, []
         try:
             for line in after:
                 yield line
-            async for run in self._runs:
-                for line in _lines_of(run):
+            async for batch, _ in self._batches:
+                for line in batch:
                     yield line
         finally:
-            await self._runs.aclose()
+            await self._batches.aclose()
 
     async def close(self) -> None:
-        await self._runs.aclose()
+        await self._batches.aclose()
         self.answer.close()
 
 
@@ -364,28 +368,26 @@ class Fetcher:
             answer.close()
             return None
         relay.open()
-        # Every ADDED line, parsed once all are in. A run (a piece of the body that holds
-        # whole lines, nearly always ADDED ones only) is cut into its lines as it comes, and
-        # the client is relayed those very lines: were it relayed the run, a client slower
-        # than RELAY_WRITE_SECONDS would hold the runs in its buffers while the state holds
-        # the lines cut from them, the collection twice (test_hub_sync_memory).
+        # Every ADDED line, parsed once all are in. The body comes cut into lines, a piece's
+        # worth at a time (nearly always ADDED ones only), and the client is relayed those
+        # very lines: were it relayed the body's pieces, a client slower than
+        # RELAY_WRITE_SECONDS would hold them in its buffers while the state holds the lines
+        # cut from them, the collection twice (test_hub_sync_memory).
         kept: list[bytes] = []
         end_rv: str | None = None
-        after: list[bytes] = []  # what came after the end bookmark in its run
+        after: list[bytes] = []  # what came after the end bookmark in its batch
         outcome: Outcome | None = None
         handed = False  # the stream is the first client's (see FirstSync.hand_over)
         size = 0
-        runs = answer.line_runs()
+        batches = answer.line_batches()
         try:
-            async for run in runs:
-                if _no_bookmark(run):
-                    lines, run_size = _lines_of(run), len(run)
-                    del run  # (its lines are copies, unless it is one line)
-                    relay.put(lines, run_size)
+            async for lines, batch_size in batches:
+                if _all_added(lines):
+                    relay.put(lines, batch_size)
                     kept.extend(lines)
-                    size += run_size
+                    size += batch_size
                 else:
-                    parts, end_rv, strange, after = _initial_lines(_lines_of(run))
+                    parts, end_rv, strange, after = _initial_lines(lines)
                     for added, bookmark, end in parts:
                         part_size = sum(map(len, added))
                         relay.put(added, part_size)
@@ -402,7 +404,7 @@ class Fetcher:
                     # Not shared: the first client has had part of the initial events, and
                     # gets the rest of this stream as its own, as a client passed through.
                     outcome = Unshareable(NotShared.CACHE_FULL)
-                    handed = relay.hand_over(_KeptWatch("", answer, runs, after))
+                    handed = relay.hand_over(_KeptWatch("", answer, batches, after))
                     break
                 if end_rv is not None:
                     break
@@ -412,14 +414,14 @@ class Fetcher:
             outcome = self._broken(error)
         finally:
             if (end_rv is None or outcome is not None) and not handed:
-                await runs.aclose()
+                await batches.aclose()
                 answer.close()
         if outcome is not None or end_rv is None:
             relay.fail()  # (not after a hand-over)
             return outcome or Broken("no initial-events-end bookmark")
         # The same stream goes on as the key's shared watch from the end bookmark's RV: one
         # upstream request for the list and the watch (see watch()).
-        self._kept = _KeptWatch(end_rv, answer, runs, after)
+        self._kept = _KeptWatch(end_rv, answer, batches, after)
         relay.end(end_rv)
         await relay.written(RELAY_WRITE_SECONDS)
         listed = await self._listed_lines(kept, end_rv)
@@ -717,20 +719,13 @@ def _initial_lines(
     return runs, None, None, []
 
 
-def _no_bookmark(run: bytes) -> bool:
-    """Whether ``run`` holds no bookmark: one search of the run, with no line cut out of it.
+def _all_added(lines: list[bytes]) -> bool:
+    """Whether every line is an ADDED event, as a watch-list's initial events are but for a
+    bookmark, or an ERROR, which goes to the client as the apiserver sent it.
 
-    Before its end bookmark a watch-list carries ADDED events only, or an ERROR, which goes
-    to the client as the apiserver sent it and fails the state when it is parsed."""
-    return _BOOKMARK_LINE not in run
-
-
-def _lines_of(run: bytes) -> list[bytes]:
-    """The ``\n``-terminated lines of ``run`` (cut by one C call but where a ``\r`` is, which
-    the apiserver's JSON never holds and ``splitlines`` would cut at too)."""
-    if b"\r" not in run:
-        return run.splitlines(keepends=True)
-    return [line + b"\n" for line in run[:-1].split(b"\n")]
+    One C call per line, at its first bytes, where a search of the body's piece for a
+    bookmark line (``in``) read every byte of it again."""
+    return all(map(bytes.startswith, lines, repeat(_ADDED_LINE)))
 
 
 def _added(lines: list[bytes]) -> list[bytes]:

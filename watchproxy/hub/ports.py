@@ -47,9 +47,9 @@ class UpstreamAnswer(Protocol):
         """
         ...
 
-    def line_runs(self) -> AsyncGenerator[bytes, None]:
-        """What :meth:`lines` yields, joined as it arrived: the body in pieces that each end
-        at a line's end (a cold key's initial events, taken by the thousand)."""
+    def line_batches(self) -> AsyncGenerator[tuple[list[bytes], int], None]:
+        """What :meth:`lines` yields, a piece of the body's worth at a time, with its size in
+        bytes (a cold key's initial events, taken by the thousand)."""
         ...
 
     def frames(self) -> AsyncGenerator[bytes, None]:

@@ -152,12 +152,18 @@ class Connection(asyncio.BufferedProtocol):
         return self._buffer
 
     def buffer_updated(self, nbytes: int) -> None:
-        self.data_received(self._buffer[:nbytes].tobytes())
+        # llhttp reads the buffer in place and hands each part of a body over as bytes of its
+        # own: a copy of the read first (tobytes) would copy every byte of a body twice.
+        self._received(self._buffer[:nbytes])
 
     def data_received(self, data: bytes) -> None:
+        self._received(data)
+
+    def _received(self, data: bytes | memoryview) -> None:
+        """``data``: valid during the call only (the read buffer): kept, it is copied."""
         self._answered = True
         if self._upgraded:
-            self._keep(data)
+            self._keep(bytes(data))
             self._wake()
             return
         parser = self._parser

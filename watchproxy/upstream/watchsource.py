@@ -20,7 +20,7 @@ from watchproxy.upstream.bodies import (
     decoded,
     decoded_whole,
     read_frames,
-    read_line_runs,
+    read_line_batches,
     read_lines,
 )
 from watchproxy.upstream.client import Upstream
@@ -91,9 +91,9 @@ class _Answer:
         chunks = decoded(self._response.chunks(), self._encoding)
         return self._records(read_lines(chunks, self._max_line))
 
-    def line_runs(self) -> AsyncGenerator[bytes, None]:
+    def line_batches(self) -> AsyncGenerator[tuple[list[bytes], int], None]:
         chunks = decoded(self._response.chunks(joined=True), self._encoding, joined=True)
-        return self._records(read_line_runs(chunks, self._max_line))
+        return self._records(read_line_batches(chunks, self._max_line))
 
     def frames(self) -> AsyncGenerator[bytes, None]:
         chunks = decoded(self._response.chunks(), self._encoding)
