@@ -403,15 +403,11 @@ class Hub:
             return NOT_RELAYED
         try:
             sink = await starter.start(representation.stream_content_type)
-            # A run of lines is one write, but where each event is its own message.
-            by_line = sink.coding.startswith("websocket")
             while True:
-                runs, size = await relay.take()
-                if not runs:
+                lines, size = await relay.take()  # one event each: a WebSocket message each
+                if not lines:
                     break
-                if by_line:
-                    runs = [line for run in runs for line in run.splitlines(keepends=True)]
-                if not sink.send_lines(runs, size):
+                if not sink.send_lines(lines, size):
                     await sink.drain()
             relay.all_written()
             if relay.stream is not None:
