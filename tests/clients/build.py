@@ -76,35 +76,47 @@ def go_build(
     if go is None:
         raise ToolchainMissing(f"go not found on PATH or at {GO_FALLBACK}: {needed_by} Go >= 1.25")
     binary.parent.mkdir(exist_ok=True)
-    # Build next to the target and rename: an interrupted build never leaves a binary that
-    # looks up to date.
-    partial = binary.parent / f".{binary.name}.partial"
-    command = [go, "build", "-o", str(partial), package]
+    env = {**os.environ, "CGO_ENABLED": "0"}
 
     def build() -> None:
-        try:
-            result = subprocess.run(
-                command,
-                cwd=module_dir,
-                env={**os.environ, "CGO_ENABLED": "0"},
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-                check=False,
-            )
-        except subprocess.TimeoutExpired as exc:
-            raise BuildFailed(
-                f"go build of {binary.name} did not finish within {timeout:.0f} s"
-            ) from exc
-        if result.returncode != 0:
-            raise BuildFailed(
-                f"go build of {binary.name} failed ({result.returncode}):\n{result.stderr}"
-            )
-        os.replace(partial, binary)
+        run_go_build([go, "build"], package, binary, cwd=module_dir, env=env, timeout=timeout)
 
     salt = f"{go_version(go)} CGO_ENABLED=0 {package}"  # the output's path is the checkout's
     restore_or_build(f"go-{binary.name}", [binary], sources, salt, build)
     return binary
+
+
+def run_go_build(
+    go_build: list[str],
+    package: str,
+    binary: Path,
+    *,
+    cwd: Path,
+    env: dict[str, str],
+    timeout: float,
+) -> None:
+    """``go_build`` (``go build`` and its flags) of ``package`` into ``binary``. Built next to
+    it and renamed: an interrupted build never leaves a binary that looks up to date."""
+    partial = binary.parent / f".{binary.name}.partial"
+    try:
+        result = subprocess.run(
+            [*go_build, "-o", str(partial), package],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise BuildFailed(
+            f"go build of {binary.name} did not finish within {timeout:.0f} s"
+        ) from exc
+    if result.returncode != 0:
+        raise BuildFailed(
+            f"go build of {binary.name} failed ({result.returncode}):\n{result.stderr}"
+        )
+    os.replace(partial, binary)
 
 
 def go_version(go: str) -> str:

@@ -12,7 +12,6 @@ alone to (re)build and print the time: ``python -m tests.conformance.build``.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -25,6 +24,7 @@ from tests.clients.build import (
     go_sources,
     go_version,
     is_fresh,
+    run_go_build,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -68,35 +68,13 @@ def build(*, timeout: float = BUILD_TIMEOUT) -> Path:
     if go is None:
         raise ToolchainMissing("go not found: the conformance tier needs Go >= 1.26")
     BINARY.parent.mkdir(exist_ok=True)
-    # Built beside the target and renamed: an interrupted build never leaves a binary that
-    # looks up to date.
-    partial = BINARY.parent / f".{BINARY.name}.partial"
-    command = [go, "build", "-trimpath", f"-ldflags={ldflags(kubernetes_version())}"]
-    command += ["-o", str(partial), "."]
+    flags = ["-trimpath", f"-ldflags={ldflags(kubernetes_version())}"]
     env = {**os.environ, "GOFLAGS": f"{os.environ.get('GOFLAGS', '')} -mod=readonly".strip()}
 
     def run_build() -> None:
-        try:
-            result = subprocess.run(
-                command,
-                cwd=HERE,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-                check=False,
-            )
-        except subprocess.TimeoutExpired as exc:
-            raise BuildFailed(
-                f"go build of {BINARY.name} did not finish within {timeout:.0f} s"
-            ) from exc
-        if result.returncode != 0:
-            raise BuildFailed(
-                f"go build of {BINARY.name} failed ({result.returncode}):\n{result.stderr}"
-            )
-        os.replace(partial, BINARY)
+        run_go_build([go, "build", *flags], ".", BINARY, cwd=HERE, env=env, timeout=timeout)
 
-    salt = f"{go_version(go)} {env['GOFLAGS']} {' '.join(command[2:4])}"  # not the output's path
+    salt = f"{go_version(go)} {env['GOFLAGS']} {' '.join(flags)}"  # not the output's path
     restore_or_build("conformance", [BINARY], go_sources(HERE), salt, run_build)
     return BINARY
 
