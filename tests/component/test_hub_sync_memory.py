@@ -32,6 +32,7 @@ import pytest
 from aiohttp import web
 
 from tests.harness import proxy_for_upstream, running_proxy, wait_for
+from tests.scriptedapi import ScriptedApiServer
 from watchproxy.hub.fetcher import FIRST_WHOLE_PAGE_SIZE, LIST_PAGE_SIZE
 
 pytestmark = pytest.mark.timeout(120, func_only=True)
@@ -48,7 +49,7 @@ NAME_PREFIX = b'"name":"big-'
 IN_FLIGHT_BOUND = 24 * MIB
 
 
-class BigCollectionApiServer:
+class BigCollectionApiServer(ScriptedApiServer):
     """An apiserver of one collection of big ConfigMaps, encoded once: LISTs honour ``limit``
     and ``continue``; a watch-list (``sendInitialEvents=true``) sends every object then the
     initial-events-end bookmark, or is refused with a 422 (``watch_lists`` False, as with the
@@ -61,6 +62,7 @@ class BigCollectionApiServer:
         object_bytes: int = OBJECT_BYTES,
         collection_bytes: int = COLLECTION_BYTES,
     ) -> None:
+        super().__init__()
         self.watch_lists = watch_lists
         count = -(-collection_bytes // object_bytes)
         self.count = count
@@ -91,41 +93,8 @@ class BigCollectionApiServer:
         self.url = ""
         self._runner: web.AppRunner | None = None
 
-    async def __aenter__(self) -> BigCollectionApiServer:
-        app = web.Application()
-        app.router.add_get("/readyz", self._ok)
-        app.router.add_get("/api/v1/namespaces/{namespace}/configmaps", self._configmaps)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{port}"
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.done.set()
-        assert self._runner is not None
-        await self._runner.cleanup()
-
-    def kubeconfig(self, tmp_path: Path) -> str:
-        path = tmp_path / "upstream.kubeconfig"
-        path.write_text(
-            json.dumps(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "current-context": "c",
-                    "clusters": [{"name": "c", "cluster": {"server": self.url}}],
-                    "users": [{"name": "u", "user": {"token": "t"}}],
-                    "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-                }
-            )
-        )
-        return str(path)
-
-    async def _ok(self, _request: web.Request) -> web.Response:
-        return web.Response(text="ok")
+    def add_routes(self, router: web.UrlDispatcher) -> None:
+        router.add_get("/api/v1/namespaces/{namespace}/configmaps", self._configmaps)
 
     def _status(self, code: int, reason: str) -> web.Response:
         body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code}

@@ -25,6 +25,7 @@ import pytest
 from aiohttp import web
 
 from tests.harness import proxy_for_upstream
+from tests.scriptedapi import ScriptedApiServer
 
 pytestmark = pytest.mark.timeout(60, func_only=True)
 
@@ -49,38 +50,19 @@ def event(i: int) -> bytes:
     return json.dumps({"type": "ADDED", "object": obj}, separators=(",", ":")).encode() + b"\n"
 
 
-class ScriptedApiServer:
+class GzipApiServer(ScriptedApiServer):
     """Answers the hub's LIST with an empty list at ``LIST_RV`` and its WATCHes from a script:
     the first gets events LIST_RV+1 .. LIST_RV+FIRST as gzip members in one write and then
     half of the next member; a resume gets the rest, one member per event, and stays open."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.watches: list[tuple[str | None, str]] = []  # (resourceVersion, Accept-Encoding)
         self.lists_accept_encoding: list[str] = []
         self.first_body = b""  # the first watch's body, as it was written
-        self.done = asyncio.Event()
-        self.url = ""
-        self._runner: web.AppRunner | None = None
 
-    async def __aenter__(self) -> ScriptedApiServer:
-        app = web.Application()
-        app.router.add_get("/readyz", self._ok)
-        app.router.add_get(CMS, self._configmaps)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{port}"
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.done.set()
-        assert self._runner is not None
-        await self._runner.cleanup()
-
-    async def _ok(self, _request: web.Request) -> web.Response:
-        return web.Response(text="ok")
+    def add_routes(self, router: web.UrlDispatcher) -> None:
+        router.add_get(CMS, self._configmaps)
 
     async def _configmaps(self, request: web.Request) -> web.StreamResponse:
         if request.query.get("watch") not in ("1", "true"):
@@ -139,22 +121,10 @@ async def test_thousands_of_gzip_members_in_one_read_and_a_truncated_one_lose_no
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     total = FIRST + SECOND
-    async with ScriptedApiServer() as api:
-        kubeconfig = tmp_path / "upstream.kubeconfig"
-        kubeconfig.write_text(
-            json.dumps(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "current-context": "c",
-                    "clusters": [{"name": "c", "cluster": {"server": api.url}}],
-                    "users": [{"name": "u", "user": {"token": "t"}}],
-                    "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-                }
-            )
-        )
+    async with GzipApiServer() as api:
+        kubeconfig = api.kubeconfig(tmp_path)
         with caplog.at_level(logging.WARNING, logger="watchproxy"):
-            async with proxy_for_upstream(tmp_path, str(kubeconfig), OVERRIDES) as running:
+            async with proxy_for_upstream(tmp_path, kubeconfig, OVERRIDES) as running:
                 base = f"http://127.0.0.1:{running.proxy.api_port}"
                 got: list[dict[str, Any]] = []
                 try:
@@ -179,23 +149,11 @@ async def test_thousands_of_gzip_members_in_one_read_and_a_truncated_one_lose_no
 async def test_passthrough_keeps_a_gzip_watch_byte_for_byte(tmp_path: Path) -> None:
     """With the hub off, a gzip watch body reaches the client as the apiserver wrote it:
     its Content-Encoding and Vary, every member, even the one cut in half (not decoded)."""
-    async with ScriptedApiServer() as api:
-        kubeconfig = tmp_path / "upstream.kubeconfig"
-        kubeconfig.write_text(
-            json.dumps(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "current-context": "c",
-                    "clusters": [{"name": "c", "cluster": {"server": api.url}}],
-                    "users": [{"name": "u", "user": {"token": "t"}}],
-                    "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-                }
-            )
-        )
+    async with GzipApiServer() as api:
+        kubeconfig = api.kubeconfig(tmp_path)
         overrides = {**OVERRIDES, "hub.enabled": False}
         async with (
-            proxy_for_upstream(tmp_path, str(kubeconfig), overrides) as running,
+            proxy_for_upstream(tmp_path, kubeconfig, overrides) as running,
             aiohttp.ClientSession(auto_decompress=False) as session,
             session.get(
                 f"{running.url}{CMS}?watch=1&resourceVersion={LIST_RV}",

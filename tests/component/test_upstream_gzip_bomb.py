@@ -25,6 +25,7 @@ import pytest
 from aiohttp import web
 
 from tests.harness import proxy_for_upstream, wait_for
+from tests.scriptedapi import ScriptedApiServer
 
 pytestmark = pytest.mark.timeout(90, func_only=True)
 
@@ -64,55 +65,20 @@ def event(i: int) -> bytes:
     return json.dumps({"type": "ADDED", "object": obj}, separators=(",", ":")).encode() + b"\n"
 
 
-class BombingApiServer:
+class BombingApiServer(ScriptedApiServer):
     """Answers LISTs with an empty ConfigMapList at ``LIST_RV`` (``list_bomb``: inflated past
     ``BOMB_BYTES`` with JSON whitespace, still a valid list) and WATCHes with events
     LIST_RV+1 .. LIST_RV+EVENTS, except that the first watch from the hub gets a bomb of
     ``x`` bytes without a newline when ``watch_bomb`` is set."""
 
     def __init__(self, *, list_bomb: bool, watch_bomb: bool) -> None:
+        super().__init__()
         self.list_bomb, self.watch_bomb = list_bomb, watch_bomb
         self.requests: list[tuple[str, str]] = []  # (verb, User-Agent)
         self.bombs_sent = 0
-        self.done = asyncio.Event()
-        self.url = ""
-        self._runner: web.AppRunner | None = None
 
-    async def __aenter__(self) -> BombingApiServer:
-        app = web.Application()
-        app.router.add_get("/readyz", self._ok)
-        app.router.add_get(CMS, self._configmaps)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{port}"
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.done.set()
-        assert self._runner is not None
-        await self._runner.cleanup()
-
-    def kubeconfig(self, tmp_path: Path) -> str:
-        path = tmp_path / "upstream.kubeconfig"
-        path.write_text(
-            json.dumps(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "current-context": "c",
-                    "clusters": [{"name": "c", "cluster": {"server": self.url}}],
-                    "users": [{"name": "u", "user": {"token": "t"}}],
-                    "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-                }
-            )
-        )
-        return str(path)
-
-    async def _ok(self, _request: web.Request) -> web.Response:
-        return web.Response(text="ok")
+    def add_routes(self, router: web.UrlDispatcher) -> None:
+        router.add_get(CMS, self._configmaps)
 
     async def _gzip_stream(
         self, request: web.Request, pieces: Iterator[bytes]
