@@ -89,7 +89,8 @@ def decoded(
     watch-list one gzip member per event) as one, up to ``DECODED_PIECE_BYTES`` at a time.
     A gzip body inflated past ``max_decoded`` bytes in all raises :class:`BodyTooLarge`; an
     unknown encoding raises :class:`BadBody` once read."""
-    if (encoding.strip().lower() or "identity") == "identity":
+    encoding = encoding.strip().lower() or "identity"
+    if encoding == "identity":
         # ``chunks`` itself: a generator that passed each piece on was one more step of
         # Python per piece, for every piece of every body.
         return chunks
@@ -99,7 +100,7 @@ def decoded(
 async def _gunzipped(
     chunks: AsyncIterable[bytes], encoding: str, *, joined: bool, max_decoded: int | None
 ) -> AsyncIterator[bytes]:
-    encoding = encoding.strip().lower()
+    """``decoded`` of a body whose ``encoding`` (stripped, lower case) is not identity."""
     if encoding != "gzip":
         raise BadBody(f"unsupported Content-Encoding {encoding!r}")
     members = GzipMembers(max_decoded)
