@@ -44,14 +44,23 @@ _LIST_RV, _LIST_CONTINUE, _LIST_REMAINING = 2, 3, 4
 _STATUS_META, _STATUS, _MESSAGE, _REASON, _CODE = 1, 2, 3, 4, 6
 
 
+# What follows an enveloped object's raw bytes: its contentEncoding and contentType, empty.
+_ENVELOPE_TAIL = pw.length_field(_ENCODING, b"") + pw.length_field(_CONTENT_TYPE, b"")
+
+
 def envelope(api_version: str, kind: str, raw: bytes) -> bytes:
+    return envelope_head(api_version, kind, len(raw)) + raw + _ENVELOPE_TAIL
+
+
+def envelope_head(api_version: str, kind: str, raw_size: int) -> bytes:
+    """An envelope up to its raw bytes, ``raw_size`` of them: written before them, so that
+    the raw bytes (a list's items) need not be one bytes object."""
     type_meta = pw.length_field(1, api_version.encode()) + pw.length_field(2, kind.encode())
     return (
         MAGIC
         + pw.length_field(_TYPE_META, type_meta)
-        + pw.length_field(_RAW, raw)
-        + pw.length_field(_ENCODING, b"")
-        + pw.length_field(_CONTENT_TYPE, b"")
+        + pw.encode_varint(_RAW << 3 | pw.LENGTH)
+        + pw.encode_varint(raw_size)
     )
 
 
@@ -235,16 +244,7 @@ class ProtobufRepresentation(Representation):
             for obj in objects
         )
         kind = (self._kind or "") + "List"
-        type_meta = pw.length_field(1, (self._api_version or "").encode()) + pw.length_field(
-            2, kind.encode()
-        )
-        parts: list[bytes] = [
-            MAGIC,
-            pw.length_field(_TYPE_META, type_meta),
-            pw.encode_varint(_RAW << 3 | pw.LENGTH),
-            pw.encode_varint(raw_size),
-            meta_field,
-        ]
+        parts = [envelope_head(self._api_version or "", kind, raw_size), meta_field]
         size = 0
         for obj in objects:
             raw: bytes = obj["raw"]
@@ -254,7 +254,7 @@ class ProtobufRepresentation(Representation):
                 yield b"".join(parts)
                 parts = []
                 size = 0
-        parts.append(pw.length_field(_ENCODING, b"") + pw.length_field(_CONTENT_TYPE, b""))
+        parts.append(_ENVELOPE_TAIL)
         yield b"".join(parts)
 
     def encode_kept_page(
