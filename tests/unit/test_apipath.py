@@ -365,12 +365,16 @@ def test_what_goes_upstream_decodes_to_what_was_judged(text: str) -> None:
     assert canonical.segments == parsed.segments
 
 
-@given(st.lists(st.text(min_size=1, max_size=8), min_size=1, max_size=6))
+# A segment's characters: no separator or escape, no control character (C0, DEL, C1: the
+# category Cc) and no lone surrogate (Cs). Drawn so, not filtered out of any text with
+# assume(): the filters rejected most lists of six segments, and Hypothesis's health check
+# failed one run in three ("filtering out a lot of inputs"; CI's derandomized profile hid it).
+SEGMENT_CHARACTERS = st.characters(exclude_categories=("Cc", "Cs"), exclude_characters="/\\%")
+
+
+@given(st.lists(st.text(SEGMENT_CHARACTERS, min_size=1, max_size=8), min_size=1, max_size=6))
 def test_any_decoded_segments_survive_encoding(segments: list[str]) -> None:
     assume(all(s not in (".", "..") for s in segments))
-    assume(not any(ch in s for s in segments for ch in "/\\%"))
-    assume(all(ord(ch) >= 0x20 and not 0x7F <= ord(ch) <= 0x9F for s in segments for ch in s))
-    assume(not any(0xD800 <= ord(ch) <= 0xDFFF for s in segments for ch in s))
     # Under a non-API prefix, so that no segment has a meaning that could refuse the path.
     path = "/x/" + "/".join(encode_segment(s) for s in segments)
     assert parse_api_path(path).segments == ("x", *segments)
