@@ -29,18 +29,36 @@ def bookmark(rv: str, *, end: bool) -> bytes:
     return json.dumps({"type": "BOOKMARK", "object": obj}, separators=(",", ":")).encode() + b"\n"
 
 
-async def pieces(body: bytes, rng: random.Random) -> AsyncIterator[bytes]:
+async def part_lists(body: bytes, rng: random.Random) -> AsyncIterator[list[bytes]]:
+    """``body`` cut anywhere, in reads of one or more parts."""
     start = 0
     while start < len(body):
-        size = rng.randint(1, 400)
-        yield body[start : start + size]
-        start += size
+        parts = []
+        for _ in range(rng.randint(1, 4)):
+            size = rng.randint(1, 400)
+            parts.append(body[start : start + size])
+            start += size
+        yield [part for part in parts if part]
 
 
 async def batches_of(body: bytes, seed: int, max_line: int = 10_000) -> list[list[bytes]]:
-    batches = [b async for b in read_line_batches(pieces(body, random.Random(seed)), max_line)]
+    reads = part_lists(body, random.Random(seed))
+    batches = [b async for b in read_line_batches(reads, max_line)]
     assert all(size == sum(map(len, lines)) for lines, size in batches)
     return [lines for lines, _ in batches]
+
+
+async def test_a_part_that_is_one_line_is_that_line() -> None:
+    """An apiserver writes one HTTP chunk per event: each part is a line, kept, not copied."""
+    lines = [added(i) for i in range(3)]
+
+    async def reads() -> AsyncIterator[list[bytes]]:
+        yield lines[:2]
+        yield [lines[2][:10], lines[2][10:]]  # a line across two parts is joined
+
+    batches = [b async for b in read_line_batches(reads(), 10_000)]
+    assert [lines for lines, _ in batches] == [lines[:2], [lines[2]]]
+    assert all(kept is line for kept, line in zip(batches[0][0], lines[:2], strict=True))
 
 
 @pytest.mark.parametrize("seed", range(20))

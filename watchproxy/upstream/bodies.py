@@ -77,48 +77,60 @@ class GzipMembers:
             raise BadBody(f"gzip body truncated inside member {self.members + 1}")
 
 
-def decoded(
-    chunks: AsyncIterator[bytes],
-    encoding: str,
-    *,
-    joined: bool = False,
-    max_decoded: int | None = None,
-) -> AsyncIterator[bytes]:
+def decoded(chunks: AsyncIterator[bytes], encoding: str) -> AsyncIterator[bytes]:
     """The body's bytes as they arrive, decoded from ``encoding`` (its Content-Encoding:
-    identity or gzip). ``joined``: a chunk's decoded pieces (kube-apiserver 1.37 compresses a
-    watch-list one gzip member per event) as one, up to ``DECODED_PIECE_BYTES`` at a time.
-    A gzip body inflated past ``max_decoded`` bytes in all raises :class:`BodyTooLarge`; an
-    unknown encoding raises :class:`BadBody` once read."""
+    identity or gzip); an unknown encoding raises :class:`BadBody` once read."""
     encoding = encoding.strip().lower() or "identity"
     if encoding == "identity":
         # ``chunks`` itself: a generator that passed each piece on was one more step of
         # Python per piece, for every piece of every body.
         return chunks
-    return _gunzipped(chunks, encoding, joined=joined, max_decoded=max_decoded)
+    return _gunzipped(chunks, encoding)
 
 
-async def _gunzipped(
-    chunks: AsyncIterable[bytes], encoding: str, *, joined: bool, max_decoded: int | None
-) -> AsyncIterator[bytes]:
+def decoded_lists(
+    part_lists: AsyncIterator[list[bytes]], encoding: str, *, max_decoded: int | None = None
+) -> AsyncIterator[list[bytes]]:
+    """:func:`decoded` of a body read a list of parts at a time (``part_lists``: what arrived
+    between two reads): lists of decoded pieces, never joined. kube-apiserver 1.37 compresses
+    a watch-list one gzip member per event: a read's members come out as one list, cut every
+    ``DECODED_PIECE_BYTES`` so that a bomb never inflates a whole read at once. A gzip body
+    inflated past ``max_decoded`` bytes in all raises :class:`BodyTooLarge`."""
+    encoding = encoding.strip().lower() or "identity"
+    if encoding == "identity":
+        return part_lists
+    return _gunzipped_lists(part_lists, encoding, max_decoded)
+
+
+async def _gunzipped(chunks: AsyncIterable[bytes], encoding: str) -> AsyncIterator[bytes]:
     """``decoded`` of a body whose ``encoding`` (stripped, lower case) is not identity."""
     if encoding != "gzip":
         raise BadBody(f"unsupported Content-Encoding {encoding!r}")
-    members = GzipMembers(max_decoded)
+    members = GzipMembers()
     async for chunk in chunks:
-        if not joined:
-            for out in members.pieces(chunk):
-                yield out
-            continue
+        for out in members.pieces(chunk):
+            yield out
+    members.finish()
+
+
+async def _gunzipped_lists(
+    part_lists: AsyncIterable[list[bytes]], encoding: str, max_decoded: int | None
+) -> AsyncIterator[list[bytes]]:
+    if encoding != "gzip":
+        raise BadBody(f"unsupported Content-Encoding {encoding!r}")
+    members = GzipMembers(max_decoded)
+    async for parts in part_lists:
         gathered: list[bytes] = []
         size = 0
-        for out in members.pieces(chunk):
-            gathered.append(out)
-            size += len(out)
-            if size >= DECODED_PIECE_BYTES:
-                yield b"".join(gathered)
-                gathered, size = [], 0
+        for part in parts:
+            for out in members.pieces(part):
+                gathered.append(out)
+                size += len(out)
+                if size >= DECODED_PIECE_BYTES:
+                    yield gathered
+                    gathered, size = [], 0
         if gathered:
-            yield b"".join(gathered)
+            yield gathered
     members.finish()
 
 
@@ -165,35 +177,44 @@ async def read_lines(body: AsyncIterable[bytes], max_line: int) -> AsyncIterator
 
 
 async def read_line_batches(
-    body: AsyncIterable[bytes], max_line: int
+    part_lists: AsyncIterable[list[bytes]], max_line: int
 ) -> AsyncIterator[tuple[list[bytes], int]]:
-    """The body of a watch as lists of its ``\n``-terminated lines, a piece's worth at a time,
-    each with its size in bytes (known from the piece, not summed line by line).
+    """The body of a watch as lists of its ``\n``-terminated lines, a read's worth at a time
+    (``part_lists``: the body's parts as they arrived, a list per read), each with its size in
+    bytes (known from the parts, not summed line by line).
 
     What :func:`read_lines` yields, for a reader that takes lines by the thousand (a cold key's
-    initial events relayed to its first client). Each line is cut straight from the piece it
-    came in, a copy of its own: ``BytesIO`` shares the piece and finds each line's end with
-    memchr, where cutting a run of whole lines first and splitting it then copied every byte
-    twice, and ``splitlines`` tests every byte in a loop of its own. A line over ``max_line``
-    raises ``LineTooLong`` once it is whole or as long; a final fragment without a newline is
-    not yielded.
+    initial events relayed to its first client). A part that is one whole line (what an
+    apiserver writes: one HTTP chunk per event) is that line, not a copy. Any other part is cut
+    with ``BytesIO``, which shares the part and finds each line's end with memchr: each line a
+    copy of its own, made once. A line over ``max_line`` raises ``LineTooLong`` once it is
+    whole or as long; a final fragment without a newline is not yielded.
     """
-    carry = b""
-    async for chunk in body:
-        cut = chunk.rfind(b"\n") + 1
-        if not cut:
-            carry += chunk
-            if len(carry) > max_line:
-                raise LineTooLong(len(carry))
-            continue
-        lines = BytesIO(chunk).readlines()
-        size = len(carry) + cut
-        if carry:  # the line begun in the pieces before ends in this one
-            lines[0] = carry + lines[0]
-            if len(lines[0]) > max_line:
-                raise LineTooLong(len(lines[0]))
-        carry = b"" if cut == len(chunk) else lines.pop()
-        yield lines, size
+    carry = b""  # a line begun in the parts before
+    async for parts in part_lists:
+        lines: list[bytes] = []
+        size = 0
+        for part in parts:
+            if not carry and part[-1:] == b"\n" and part.find(b"\n", 0, -1) < 0:
+                lines.append(part)
+                size += len(part)
+                continue
+            cut = part.rfind(b"\n") + 1
+            if not cut:
+                carry += part
+                if len(carry) > max_line:
+                    raise LineTooLong(len(carry))
+                continue
+            cut_lines = BytesIO(part).readlines()
+            size += len(carry) + cut
+            if carry:  # the line begun in the parts before ends in this one
+                cut_lines[0] = carry + cut_lines[0]
+                if len(cut_lines[0]) > max_line:
+                    raise LineTooLong(len(cut_lines[0]))
+            carry = b"" if cut == len(part) else cut_lines.pop()
+            lines += cut_lines
+        if lines:
+            yield lines, size
 
 
 async def read_frames(body: AsyncIterable[bytes], max_frame: int) -> AsyncIterator[bytes]:

@@ -362,18 +362,35 @@ class Connection(asyncio.BufferedProtocol):
         self._consumed(self._buffered)
         return data
 
-    async def next_chunk(self, *, joined: bool = False) -> bytes | None:
-        """The next part of the body, or None at its end; ``joined``: every part that has
-        arrived and was not taken yet, as one (an apiserver writes a watch's events one HTTP
-        chunk each: a reader that takes them by the thousand takes a read's worth at once)."""
+    def take_parts(self) -> list[bytes]:
+        """Every body part that arrived and was not yet taken, as llhttp handed them over."""
+        parts = list(self._chunks)
+        self._chunks.clear()
+        self._consumed(self._buffered)
+        return parts
+
+    async def next_parts(self) -> list[bytes] | None:
+        """The parts of the body that arrived and were not taken yet (at least one), or None
+        at its end. An apiserver writes a watch's events one HTTP chunk each: a reader that
+        takes them by the thousand takes a read's worth at once, each part as it came (not
+        joined: joining copied every byte of a cold key's watch-list once more, into fresh
+        pages, a fifth of the relay's CPU)."""
         while not self._chunks:
             if self._ended:
                 return None
             if self._error is not None:
                 raise self._error
             await self._wait()
-        if joined:
-            return self.take_all()
+        return self.take_parts()
+
+    async def next_chunk(self) -> bytes | None:
+        """The next part of the body, or None at its end."""
+        while not self._chunks:
+            if self._ended:
+                return None
+            if self._error is not None:
+                raise self._error
+            await self._wait()
         chunk = self._chunks.popleft()
         self._consumed(len(chunk))
         return chunk

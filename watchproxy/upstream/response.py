@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from typing import TypeVar
 
 from multidict import CIMultiDict
 
@@ -22,6 +23,8 @@ from watchproxy.upstream.connection import Broken, Connection, ResponseHead
 CLOSE_WAIT_SECONDS = 2.0
 # What an upgraded stream's reader buffers before the connection stops being read.
 STREAM_LIMIT = 1 << 16
+
+_Part = TypeVar("_Part", bytes | None, list[bytes] | None)
 
 
 class UpstreamResponse:
@@ -94,28 +97,35 @@ class UpstreamResponse:
                 return b"".join(parts)[: self.max_body]
         return b"".join(parts)
 
-    async def chunks(self, *, joined: bool = False) -> AsyncGenerator[bytes, None]:
-        """The rest of the body, as it arrives; ``joined``: what has arrived since the last
-        part was taken, as one part (see ``Connection.next_chunk``)."""
+    async def chunks(self) -> AsyncGenerator[bytes, None]:
+        """The rest of the body, a part at a time as it arrives."""
         connection = self._connection
         assert connection is not None, "read after release"
-        read_timeout = self._read_timeout
-        while True:
-            # The failure is raised after the ``except``, so that nothing keeps the exception
-            # it replaces (and its traceback) alive.
-            failure: BaseException | None = None
-            try:
-                async with asyncio.timeout(read_timeout):
-                    chunk = await connection.next_chunk(joined=joined)
-            except Broken as error:
-                failure = UpstreamUnavailable(f"the upstream answer broke: {error}")
-            except TimeoutError:
-                failure = UpstreamTimeout(f"the upstream answer sent nothing for {read_timeout}s")
-            if failure is not None:
-                raise failure
-            if chunk is None:
-                return
+        while (chunk := await self._arrival(connection.next_chunk())) is not None:
             yield chunk
+
+    async def part_lists(self) -> AsyncGenerator[list[bytes], None]:
+        """The rest of the body as it arrives: every part that arrived since the last list was
+        taken, as a list (see ``Connection.next_parts``)."""
+        connection = self._connection
+        assert connection is not None, "read after release"
+        while (parts := await self._arrival(connection.next_parts())) is not None:
+            yield parts
+
+    async def _arrival(self, arrival: Awaitable[_Part]) -> _Part:
+        """What ``arrival`` brings, within the read timeout."""
+        read_timeout = self._read_timeout
+        # The failure is raised after the ``except``, so that nothing keeps the exception it
+        # replaces (and its traceback) alive.
+        failure: BaseException
+        try:
+            async with asyncio.timeout(read_timeout):
+                return await arrival
+        except Broken as error:
+            failure = UpstreamUnavailable(f"the upstream answer broke: {error}")
+        except TimeoutError:
+            failure = UpstreamTimeout(f"the upstream answer sent nothing for {read_timeout}s")
+        raise failure
 
     def take_stream(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """After a 101: the upgraded connection as a byte stream, owned by the caller from here

@@ -18,6 +18,7 @@ from watchproxy.upstream.bodies import (
     BodyTooLarge,
     LineTooLong,
     decoded,
+    decoded_lists,
     decoded_whole,
     read_frames,
     read_line_batches,
@@ -67,22 +68,19 @@ class _Answer:
             raise UpstreamUnavailable(f"the upstream answer broke: {error}") from None
 
     async def pieces(self) -> AsyncGenerator[bytes, None]:
-        chunks = decoded(
-            self._response.chunks(joined=True),
-            self._encoding,
-            joined=True,
-            max_decoded=self._max_decoded,
+        part_lists = decoded_lists(
+            self._response.part_lists(), self._encoding, max_decoded=self._max_decoded
         )
         failure: Exception | None = None
         try:
-            async for piece in chunks:
-                yield piece
+            async for parts in part_lists:
+                yield b"".join(parts) if len(parts) != 1 else parts[0]
         except BodyTooLarge as error:
             failure = UpstreamBodyTooLarge(f"the upstream answer is too large: {error}")
         except BadBody as error:
             failure = UpstreamUnavailable(f"the upstream answer broke: {error}")
         finally:
-            await chunks.aclose()  # type: ignore[attr-defined]
+            await part_lists.aclose()  # type: ignore[attr-defined]
         if failure is not None:
             raise failure
         self._whole = True  # read to its end: the connection may serve again
@@ -92,8 +90,8 @@ class _Answer:
         return self._records(read_lines(chunks, self._max_line))
 
     def line_batches(self) -> AsyncGenerator[tuple[list[bytes], int], None]:
-        chunks = decoded(self._response.chunks(joined=True), self._encoding, joined=True)
-        return self._records(read_line_batches(chunks, self._max_line))
+        part_lists = decoded_lists(self._response.part_lists(), self._encoding)
+        return self._records(read_line_batches(part_lists, self._max_line))
 
     def frames(self) -> AsyncGenerator[bytes, None]:
         chunks = decoded(self._response.chunks(), self._encoding)
