@@ -54,6 +54,28 @@ async def test_forward_mode_keeps_each_clients_credential_when_header_blocks_rep
         assert sent == tokens
 
 
+async def test_forward_mode_keeps_each_clients_credential_on_batched_lists(
+    tmp_path: Any,
+) -> None:
+    """The same for a LIST (batched): what goes upstream for a repeated header block is
+    worked out once by the batcher too, and each client's credential still goes with it."""
+    overrides = {"security.identity": "forward"}
+    async with running_proxy(tmp_path, overrides) as running, aiohttp.ClientSession() as session:
+        tokens = [f"Bearer {running.fake.token}", "Bearer someone-else", None] * 3
+        registry = running.proxy.metrics.registry
+        batched_before = registry.get_sample_value("watchproxy_lists_batched_total") or 0
+        for token in tokens:
+            headers = {"Authorization": token} if token else {}
+            async with session.get(running.url + PODS, headers=headers) as response:
+                assert response.status == (200 if token == tokens[0] else 401)
+        batched = registry.get_sample_value("watchproxy_lists_batched_total") or 0
+        assert batched - batched_before == len(tokens)
+        sent = [
+            r.headers.get("Authorization") for r in running.fake.stats.requests if r.path == PODS
+        ]
+        assert sent == tokens
+
+
 async def test_forward_mode_shares_watches_only_between_equal_credentials(
     tmp_path: Any,
 ) -> None:

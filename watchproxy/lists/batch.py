@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from multidict import CIMultiDict
+from multidict import CIMultiDict, CIMultiDictProxy
 
 from watchproxy.errors import ProxyError
 from watchproxy.hub.multiplexer import Headers
@@ -40,14 +41,19 @@ from watchproxy.lists.sharedbody import SLOW_READER_SECONDS, SharedBody, Streame
 from watchproxy.metrics import Metrics
 from watchproxy.policy.bodybudget import BodyBudget
 from watchproxy.upstream.client import Upstream
+from watchproxy.upstream.http1 import HeaderBlock
 
 log = logging.getLogger("watchproxy.passthrough")
 
 # Headers that differ between otherwise identical requests and do not change the answer: the
 # batch's upstream request carries its first member's.
 _NOT_IN_KEY = frozenset({"kubectl-session", "kubectl-command", "x-request-id", "audit-id"})
+# What goes upstream for a client's shared header block is kept for as many blocks as the API
+# port keeps (``server.http.HEADER_BLOCKS_KEPT``).
+_OUTGOING_KEPT = 512
 
-Key = tuple[str, tuple[tuple[str, str], ...], str | None]
+KeyFields = tuple[tuple[str, str], ...]
+Key = tuple[str, KeyFields, str | None]
 T = TypeVar("T")
 
 
@@ -96,10 +102,17 @@ class Answer:
     body: bytes
 
 
+def key_fields(headers: Mapping[str, str]) -> KeyFields:
+    """The headers' part of a batch's key: all of them but those that do not change the
+    answer."""
+    pairs = [(name.lower(), value) for name, value in headers.items()]
+    return tuple(sorted(p for p in pairs if p[0] not in _NOT_IN_KEY))
+
+
 @dataclass(slots=True)
 class Batch:
     path: str
-    headers: CIMultiDict[str]
+    headers: CIMultiDict[str] | HeaderBlock
     forwarded_auth: str | None
     answer: asyncio.Future[Answer | Streamed | ProxyError | None]
     counted_in: Counting  # the metric that counts this batch's upstream request
@@ -138,6 +151,9 @@ class ListBatcher:
         self._tasks: set[asyncio.Task[None]] = set()
         self._metrics = metrics
         self._loop: asyncio.AbstractEventLoop | None = None
+        # For a shared client header block (``ListRequest.shared``), by its id: the block, what
+        # goes upstream for it, the credential, and the key's fields.
+        self._outgoing: dict[int, tuple[Headers, HeaderBlock, str | None, KeyFields]] = {}
 
     async def close(self) -> None:
         for task in list(self._tasks):
@@ -147,9 +163,9 @@ class ListBatcher:
     async def answer(self, request: ListRequest) -> Answer | StreamedAnswer | None:
         """The answer of this request's batch, as a value the API port writes as it is; None:
         pass it through on its own."""
-        headers, auth = self.forwarder.outgoing_headers(request.headers)
+        headers, auth, fields = self._outgoing_of(request)
         answer = await self.shared_answer(
-            request.raw_path, headers, auth, counted_in=self._metrics.list_batches
+            request.raw_path, headers, auth, counted_in=self._metrics.list_batches, fields=fields
         )
         if answer is None:
             return None
@@ -158,26 +174,46 @@ class ListBatcher:
         self._metrics.lists_batched.inc()
         return answer
 
+    def _outgoing_of(
+        self, request: ListRequest
+    ) -> tuple[CIMultiDict[str] | HeaderBlock, str | None, KeyFields]:
+        """What goes upstream for ``request``'s headers, the credential, and the key's fields;
+        for a shared header block worked out once."""
+        client_headers = request.headers
+        if request.shared:
+            entry = self._outgoing.get(id(client_headers))
+            if entry is not None and entry[0] is client_headers:
+                return entry[1], entry[2], entry[3]
+        headers, auth = self.forwarder.outgoing_headers(client_headers)
+        fields = key_fields(headers)
+        if not request.shared:
+            return headers, auth, fields
+        if len(self._outgoing) >= _OUTGOING_KEPT:
+            self._outgoing.clear()
+        headers.popall("Authorization", None)  # the credential goes beside it: auth
+        block = HeaderBlock(CIMultiDictProxy(headers))  # read-only, encoded once
+        # By identity: the entry holds the block, so no other object can take its id.
+        self._outgoing[id(client_headers)] = (client_headers, block, auth, fields)
+        return block, auth, fields
+
     async def shared_answer(
         self,
         path: str,
-        headers: CIMultiDict[str],
+        headers: CIMultiDict[str] | HeaderBlock,
         auth: str | None,
         *,
         counted_in: Counting,
+        fields: KeyFields | None = None,
     ) -> Answer | StreamedAnswer | ProxyError | None:
         """The answer to ``GET path`` from an upstream request sent after this call began,
         shared with every identical call waiting at the same time; None: too big to share.
         ``path`` may be a client's target as it came: what goes upstream (and is shared) is its
-        canonical form, the path its route was judged on."""
+        canonical form, the path its route was judged on. ``fields``: the headers' part of the
+        key (:func:`key_fields`), when the caller has it."""
         path = canonical_target(path)
-        key: Key = (
-            path,
-            tuple(
-                sorted((k.lower(), v) for k, v in headers.items() if k.lower() not in _NOT_IN_KEY)
-            ),
-            auth,
-        )
+        if fields is None:
+            fields = key_fields(headers.fields if isinstance(headers, HeaderBlock) else headers)
+        key: Key = (path, fields, auth)
         state = self._keys.setdefault(key, _KeyState())
         batch = state.waiting
         if batch is None:
@@ -256,8 +292,8 @@ class ListBatcher:
         # Held whole: up to the smaller of max_bytes and, when streaming, one paced piece.
         whole_max = min(self.max_bytes, PACED_BODY_BYTES) if self.stream else self.max_bytes
         try:
-            headers = CIMultiDict(response_headers(upstream.headers, keep_length=False))
-            headers.popall("Content-Length", None)
+            # A new dict, without Content-Length (each member's answer says its own).
+            headers = response_headers(upstream.headers, keep_length=False)
             length = upstream.content_length
             body = upstream.whole_body()
             if body is not None and len(body) <= whole_max:

@@ -29,6 +29,11 @@ class ListRequest(Protocol):
     @property
     def headers(self) -> Headers: ...
 
+    @property
+    def shared(self) -> bool:
+        """``headers`` is a parse that later requests with the same header lines share, never
+        changed: what is derived from it may be kept with it."""
+
 
 class ListedWatch(Protocol):
     """A running shared watch as a LIST reads it (``hub.sharedwatch.SharedWatch`` fits)."""

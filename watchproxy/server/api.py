@@ -270,7 +270,7 @@ class ApiHandler:
         route = self.routes.route(request, draining=self.draining)
         try:
             # Whatever the request waits on upstream ends when its client's connection does.
-            with EndsWithClient(response.lost) as scope:
+            with EndsWithClient(response.lost, response.task) as scope:
                 await self._serve(request, response, route)
         except ProxyError as error:
             if response.status:

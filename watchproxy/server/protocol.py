@@ -779,12 +779,16 @@ class Response:
         "lost",
         "status",
         "taken_over",
+        "task",
     )
 
     def __init__(self, conn: HttpProtocol, pending: _Pending) -> None:
         self._conn = conn
         self._pending = pending
         self.lost = conn.lost  # resolves when the client's connection is lost
+        # The connection's server task, which runs the handler (``clientgone`` cancels it when
+        # the client leaves; looking it up is a Python call on 3.11).
+        self.task = conn._server
         request = pending.request
         self._head_only = request.method == "HEAD"
         self._chunked = False

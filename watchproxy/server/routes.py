@@ -57,6 +57,10 @@ class RouteKind(enum.Enum):
     PASSTHROUGH_STREAM = "passthrough-stream"  # an unshared watch, logs -f
     PASSTHROUGH = "passthrough"
 
+    # Members are singletons compared by identity: hashed by it too (``Enum.__hash__`` is a
+    # Python function, and the handler looks a kind up in a dict for every request).
+    __hash__ = object.__hash__
+
 
 class Refusal(enum.Enum):
     """Why a request is refused before anything is sent upstream. ``counted`` ones are the

@@ -17,6 +17,7 @@ from typing import TypeVar
 from multidict import CIMultiDict
 
 from watchproxy.errors import UpstreamTimeout, UpstreamUnavailable
+from watchproxy.upstream import arrivals
 from watchproxy.upstream.connection import Broken, Connection, ResponseHead
 
 # How long a closed upgraded stream may take over its TLS shutdown before it is aborted.
@@ -97,20 +98,18 @@ class UpstreamResponse:
                 return b"".join(parts)[: self.max_body]
         return b"".join(parts)
 
-    async def chunks(self) -> AsyncGenerator[bytes, None]:
+    def chunks(self) -> AsyncGenerator[bytes, None]:
         """The rest of the body, a part at a time as it arrives."""
         connection = self._connection
         assert connection is not None, "read after release"
-        while (chunk := await self._arrival(connection.next_chunk())) is not None:
-            yield chunk
+        return arrivals.chunks(lambda: self._arrival(connection.next_chunk()))
 
-    async def part_lists(self) -> AsyncGenerator[list[bytes], None]:
+    def part_lists(self) -> AsyncGenerator[list[bytes], None]:
         """The rest of the body as it arrives: every part that arrived since the last list was
         taken, as a list (see ``Connection.next_parts``)."""
         connection = self._connection
         assert connection is not None, "read after release"
-        while (parts := await self._arrival(connection.next_parts())) is not None:
-            yield parts
+        return arrivals.part_lists(lambda: self._arrival(connection.next_parts()))
 
     async def _arrival(self, arrival: Awaitable[_Part]) -> _Part:
         """What ``arrival`` brings, within the read timeout."""
