@@ -375,25 +375,27 @@ class Connection(asyncio.BufferedProtocol):
         takes them by the thousand takes a read's worth at once, each part as it came (not
         joined: joining copied every byte of a cold key's watch-list once more, into fresh
         pages, a fifth of the relay's CPU)."""
-        while not self._chunks:
-            if self._ended:
-                return None
-            if self._error is not None:
-                raise self._error
-            await self._wait()
+        if not await self._arrived():
+            return None
         return self.take_parts()
 
     async def next_chunk(self) -> bytes | None:
         """The next part of the body, or None at its end."""
-        while not self._chunks:
-            if self._ended:
-                return None
-            if self._error is not None:
-                raise self._error
-            await self._wait()
+        if not await self._arrived():
+            return None
         chunk = self._chunks.popleft()
         self._consumed(len(chunk))
         return chunk
+
+    async def _arrived(self) -> bool:
+        """Until a part of the body is there to take (True) or the body has ended (False)."""
+        while not self._chunks:
+            if self._ended:
+                return False
+            if self._error is not None:
+                raise self._error
+            await self._wait()
+        return True
 
     @property
     def reusable(self) -> bool:
