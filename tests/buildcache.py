@@ -40,6 +40,30 @@ def digest(inputs: Iterable[Path], salt: str) -> str:
     return sha.hexdigest()[:24]
 
 
+class BuildFailed(RuntimeError):
+    """The toolchain is there but the build failed (the message carries its output)."""
+
+
+def run_build(
+    command: Sequence[str], *, cwd: Path, timeout: float, env: dict[str, str] | None = None
+) -> str:
+    """Run one build step (``go build``, ``mvn package``, ``cargo build``, ``npm ci``); its
+    stdout. :class:`BuildFailed` when it fails or outlasts ``timeout``, with the end of what it
+    printed on both streams (Maven reports errors on stdout, Go and cargo on stderr)."""
+    what = " ".join(command)
+    try:
+        done = subprocess.run(
+            command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise BuildFailed(f"{what} did not finish within {timeout:.0f} s") from exc
+    if done.returncode != 0:
+        raise BuildFailed(
+            f"{what} failed ({done.returncode}):\n{done.stdout[-6000:]}{done.stderr[-6000:]}"
+        )
+    return done.stdout
+
+
 def _place(source: Path, target: Path) -> None:
     """Copy, then rename: an interrupted copy never looks like an output. The mtime is now's,
     newer than the sources, which is how the tests tell a stale program."""

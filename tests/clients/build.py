@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.buildcache import restore_or_build
+from tests.buildcache import BuildFailed, restore_or_build, run_build
 
 GO_DIR = Path(__file__).resolve().parent / "go"
 GO_BIN_DIR = GO_DIR / "bin"  # gitignored
@@ -29,10 +29,6 @@ BUILD_TIMEOUT = 900.0  # a cold build on a small CI machine, module downloads in
 
 class ToolchainMissing(RuntimeError):
     """The toolchain a client needs is not installed."""
-
-
-class BuildFailed(RuntimeError):
-    """The toolchain is there but the build failed (the message carries its output)."""
 
 
 def find_go() -> str | None:
@@ -98,24 +94,7 @@ def run_go_build(
     """``go_build`` (``go build`` and its flags) of ``package`` into ``binary``. Built next to
     it and renamed: an interrupted build never leaves a binary that looks up to date."""
     partial = binary.parent / f".{binary.name}.partial"
-    try:
-        result = subprocess.run(
-            [*go_build, "-o", str(partial), package],
-            cwd=cwd,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise BuildFailed(
-            f"go build of {binary.name} did not finish within {timeout:.0f} s"
-        ) from exc
-    if result.returncode != 0:
-        raise BuildFailed(
-            f"go build of {binary.name} failed ({result.returncode}):\n{result.stderr}"
-        )
+    run_build([*go_build, "-o", str(partial), package], cwd=cwd, env=env, timeout=timeout)
     os.replace(partial, binary)
 
 

@@ -25,13 +25,12 @@ import functools
 import hashlib
 import os
 import shutil
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.buildcache import restore_or_build
+from tests.buildcache import BuildFailed, restore_or_build, run_build
 
 JAVA_DIR = Path(__file__).resolve().parent / "java"
 BIN_DIR = JAVA_DIR / "bin"  # gitignored
@@ -44,10 +43,6 @@ BUILD_TIMEOUT = 900.0  # a cold build on a small CI machine, downloads included
 
 class ToolchainMissing(RuntimeError):
     """java or mvn is not installed."""
-
-
-class BuildFailed(RuntimeError):
-    """The toolchain is there but the build failed (the message carries its output)."""
 
 
 @dataclass(frozen=True)
@@ -110,22 +105,7 @@ def build_java_clients(timeout: float = BUILD_TIMEOUT) -> JavaPrograms:
     ]
 
     def build() -> None:
-        try:
-            done = subprocess.run(
-                command,
-                cwd=JAVA_DIR,
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-                check=False,
-            )
-        except subprocess.TimeoutExpired as exc:
-            raise BuildFailed(f"mvn package did not finish within {timeout:.0f} s") from exc
-        if done.returncode != 0:
-            raise BuildFailed(
-                f"mvn package failed ({done.returncode}):\n"
-                f"{done.stdout[-6000:]}{done.stderr[-3000:]}"
-            )
+        run_build(command, cwd=JAVA_DIR, timeout=timeout)
         BIN_DIR.mkdir(exist_ok=True)
         for module, jar in MODULES.items():
             # Copy, then rename: an interrupted copy never looks up to date.

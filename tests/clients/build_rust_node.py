@@ -21,13 +21,12 @@ import functools
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.buildcache import restore_or_build
+from tests.buildcache import BuildFailed, restore_or_build, run_build
 
 CLIENTS = Path(__file__).resolve().parent
 RUST_DIR = CLIENTS / "rust"
@@ -41,10 +40,6 @@ BUILD_TIMEOUT = 1800.0  # a cold cargo build on a busy two-core machine, downloa
 
 class ToolchainMissing(RuntimeError):
     """The toolchain a client needs (cargo, node, npm) is not installed."""
-
-
-class BuildFailed(RuntimeError):
-    """The toolchain is there but the build failed (the message carries its output)."""
 
 
 @dataclass(frozen=True)
@@ -88,21 +83,6 @@ def cargo_target_dir() -> Path:
     return cache / "watchproxy" / "cargo-target"
 
 
-def _run(command: list[str], cwd: Path, env: dict[str, str], timeout: float) -> str:
-    try:
-        done = subprocess.run(
-            command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise BuildFailed(f"{' '.join(command)} did not finish within {timeout:.0f} s") from exc
-    if done.returncode != 0:
-        raise BuildFailed(
-            f"{' '.join(command)} failed ({done.returncode}):\n{done.stdout[-3000:]}"
-            f"{done.stderr[-6000:]}"
-        )
-    return done.stdout
-
-
 def rust_sources() -> list[Path]:
     return [RUST_DIR / "Cargo.toml", RUST_DIR / "Cargo.lock", *(RUST_DIR / "src").rglob("*.rs")]
 
@@ -120,7 +100,7 @@ def build_kubewatch(timeout: float = BUILD_TIMEOUT) -> Path:
     command = [cargo, "build", "--locked", "--bin", "kubewatch", "--message-format=json"]
 
     def build() -> None:
-        built = _executable(_run(command, RUST_DIR, env, timeout))
+        built = _executable(run_build(command, cwd=RUST_DIR, env=env, timeout=timeout))
         # The artifact's own path (target/debug/deps/kubewatch-<hash>) is per checkout, unlike
         # target/debug/kubewatch, which another checkout sharing the target dir may overwrite.
         # Copy, then rename: an interrupted copy never looks up to date.
@@ -130,7 +110,7 @@ def build_kubewatch(timeout: float = BUILD_TIMEOUT) -> Path:
         os.replace(partial, KUBEWATCH)
         KUBEWATCH.touch()  # newer than the sources even when cargo had nothing to do
 
-    version = _run([cargo, "--version"], RUST_DIR, env, timeout)
+    version = run_build([cargo, "--version"], cwd=RUST_DIR, env=env, timeout=timeout)
     restore_or_build("kubewatch", [KUBEWATCH], rust_sources(), f"{version} --locked", build)
     return KUBEWATCH
 
@@ -158,7 +138,7 @@ def prepare_informer(timeout: float = BUILD_TIMEOUT) -> NodeClient:
     if _older_than(NODE_STAMP, sources):
         npm = _tool("npm")
         command = [npm, "ci", "--prefer-offline", "--no-audit", "--no-fund", "--loglevel=error"]
-        _run(command, NODE_DIR, dict(os.environ), timeout)
+        run_build(command, cwd=NODE_DIR, timeout=timeout)
     return NodeClient(node, INFORMER)
 
 
