@@ -103,6 +103,13 @@ class FakeApiServer:
     def lag_watches(self, seconds: float) -> int:
         return self._ctx.lag_watches(seconds)
 
+    def open_connections(self) -> int:
+        """Client connections open now. aiohttp drops a connection from this count as soon as
+        it is lost; its handler task, cancelled then, ends a few loop turns later."""
+        if self._runner is None or self._runner.server is None:
+            return 0
+        return len(self._runner.server.connections)
+
     def abort_connections(self) -> None:
         """Abort every open client connection (resets, no goodbye)."""
         if self._runner is None or self._runner.server is None:
