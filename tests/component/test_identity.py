@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import aiohttp
+import pytest
 
 from tests.harness import running_proxy
 
@@ -129,3 +130,46 @@ async def test_forwarded_impersonation_reaches_the_apiserver_and_bypasses_the_hu
             assert headers["authorization"] == f"Bearer {running.fake.token}"
         passthrough = running.proxy.metrics.passthrough_watches.labels("impersonation")
         assert passthrough._value.get() == 1  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("identity", ["serviceaccount", "forward"])
+async def test_a_batched_list_carries_upstream_what_a_passed_through_get_carries(
+    tmp_path: Any, identity: str
+) -> None:
+    """One outgoing header set for a client's header block, whichever path sends it: the
+    batcher takes it from the pass-through (``Forwarder.outgoing_of_shared``), so the two
+    cannot drift apart. Requests with the same lines but for the credential never share a
+    batch's answer."""
+    overrides = {"security.identity": identity}
+    async with running_proxy(tmp_path, overrides) as running, aiohttp.ClientSession() as session:
+        running.fake.store.create(
+            "pods", "default", {"metadata": {"name": "p"}, "spec": {"containers": []}}
+        )
+        registry = running.proxy.metrics.registry
+        batched_before = registry.get_sample_value("watchproxy_lists_batched_total") or 0
+        client = {
+            "Authorization": f"Bearer {running.fake.token}",
+            "User-Agent": "identity-test/1.0",
+            "X-Custom": "kept",
+            "Accept": "application/json",
+        }
+        for _ in range(2):  # the second time, each path's block is one it has seen
+            for path in (PODS, PODS + "/p"):
+                async with session.get(running.url + path, headers=client) as response:
+                    assert response.status == 200
+                    await response.read()
+        assert (registry.get_sample_value("watchproxy_lists_batched_total") or 0) - (
+            batched_before
+        ) == 2
+        sent = {
+            path: [
+                {k.lower(): v for k, v in r.headers.items() if k.lower() != "content-length"}
+                for r in running.fake.stats.requests
+                if r.path == path
+            ]
+            for path in (PODS, PODS + "/p")
+        }
+        assert len(sent[PODS]) == 2 and len(sent[PODS + "/p"]) == 2
+        assert sent[PODS][0] == sent[PODS][1] == sent[PODS + "/p"][0] == sent[PODS + "/p"][1]
+        assert sent[PODS][0]["x-custom"] == "kept"
+        assert sent[PODS][0]["authorization"] == f"Bearer {running.fake.token}"

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from multidict import CIMultiDict, CIMultiDictProxy
+from multidict import CIMultiDict
 
 from watchproxy.errors import ProxyError
 from watchproxy.hub.multiplexer import Headers
@@ -46,11 +46,14 @@ from watchproxy.upstream.http1 import HeaderBlock
 log = logging.getLogger("watchproxy.passthrough")
 
 # Headers that differ between otherwise identical requests and do not change the answer: the
-# batch's upstream request carries its first member's.
-_NOT_IN_KEY = frozenset({"kubectl-session", "kubectl-command", "x-request-id", "audit-id"})
-# What goes upstream for a client's shared header block is kept for as many blocks as the API
+# batch's upstream request carries its first member's. The credential is in the key beside
+# the fields (forward mode), so whether a header set still holds it does not change the key.
+_NOT_IN_KEY = frozenset(
+    {"kubectl-session", "kubectl-command", "x-request-id", "audit-id", "authorization"}
+)
+# The key's fields of a shared outgoing header block are kept for as many blocks as the API
 # port keeps (``server.http.HEADER_BLOCKS_KEPT``).
-_OUTGOING_KEPT = 512
+_FIELDS_KEPT = 512
 
 KeyFields = tuple[tuple[str, str], ...]
 Key = tuple[str, KeyFields, str | None]
@@ -92,6 +95,10 @@ class Outgoing(Protocol):
     def outgoing_headers(self, client_headers: Headers) -> tuple[CIMultiDict[str], str | None]:
         """The headers a request with ``client_headers`` carries upstream, and the credential
         it runs as (None: the proxy's own)."""
+
+    def outgoing_of_shared(self, client_headers: Headers) -> tuple[HeaderBlock, str | None]:
+        """The same for a client header block that later requests share (never changed), as
+        a read-only block without the credential, worked out once per block."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,9 +158,8 @@ class ListBatcher:
         self._tasks: set[asyncio.Task[None]] = set()
         self._metrics = metrics
         self._loop: asyncio.AbstractEventLoop | None = None
-        # For a shared client header block (``ListRequest.shared``), by its id: the block, what
-        # goes upstream for it, the credential, and the key's fields.
-        self._outgoing: dict[int, tuple[Headers, HeaderBlock, str | None, KeyFields]] = {}
+        # The key's fields of a shared outgoing block (``ListRequest.shared``), by its id.
+        self._fields: dict[int, tuple[HeaderBlock, KeyFields]] = {}
 
     async def close(self) -> None:
         for task in list(self._tasks):
@@ -178,22 +184,19 @@ class ListBatcher:
         self, request: ListRequest
     ) -> tuple[CIMultiDict[str] | HeaderBlock, str | None, KeyFields]:
         """What goes upstream for ``request``'s headers, the credential, and the key's fields;
-        for a shared header block worked out once."""
-        client_headers = request.headers
-        if request.shared:
-            entry = self._outgoing.get(id(client_headers))
-            if entry is not None and entry[0] is client_headers:
-                return entry[1], entry[2], entry[3]
-        headers, auth = self.forwarder.outgoing_headers(client_headers)
-        fields = key_fields(headers)
+        for a shared header block worked out once, by the pass-through that sends its GETs."""
         if not request.shared:
-            return headers, auth, fields
-        if len(self._outgoing) >= _OUTGOING_KEPT:
-            self._outgoing.clear()
-        headers.popall("Authorization", None)  # the credential goes beside it: auth
-        block = HeaderBlock(CIMultiDictProxy(headers))  # read-only, encoded once
+            headers, auth = self.forwarder.outgoing_headers(request.headers)
+            return headers, auth, key_fields(headers)
+        block, auth = self.forwarder.outgoing_of_shared(request.headers)
         # By identity: the entry holds the block, so no other object can take its id.
-        self._outgoing[id(client_headers)] = (client_headers, block, auth, fields)
+        entry = self._fields.get(id(block))
+        if entry is not None and entry[0] is block:
+            return block, auth, entry[1]
+        if len(self._fields) >= _FIELDS_KEPT:
+            self._fields.clear()
+        fields = key_fields(block.fields)
+        self._fields[id(block)] = (block, fields)
         return block, auth, fields
 
     async def shared_answer(

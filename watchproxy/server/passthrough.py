@@ -150,7 +150,9 @@ class Forwarder:
         )
         return headers, forwarded_credential(client_headers, self.forward_identity)
 
-    def _outgoing_of_shared(self, client_headers: Headers) -> tuple[HeaderBlock, str | None]:
+    def outgoing_of_shared(self, client_headers: Headers) -> tuple[HeaderBlock, str | None]:
+        """What goes upstream for a client header block that later requests share (never
+        changed: ``server.http.Request``), without the credential, which comes beside it."""
         # By identity: the entry holds the headers, so no other object can take their id.
         entry = self._outgoing.get(id(client_headers))
         if entry is not None and entry[0] is client_headers:
@@ -182,7 +184,7 @@ class Forwarder:
         worked out once. ``Upstream.open`` copies what it is given, so it can be shared."""
         headers: Mapping[str, str] | HeaderBlock
         if shared_headers:
-            headers, forwarded_auth = self._outgoing_of_shared(client_headers)
+            headers, forwarded_auth = self.outgoing_of_shared(client_headers)
         else:
             headers, forwarded_auth = self.outgoing_headers(client_headers)
         return await self.upstream.open(
