@@ -239,3 +239,56 @@ async def test_slow_members_of_a_batch_cost_a_window_each_not_a_copy_of_the_answ
     # Five more members, each a window (a piece of the answer in its socket's buffer), not a
     # copy of the answer: together less than one answer.
     assert six - alone < size, (size, alone, six)
+
+
+async def read_answer(reader: asyncio.StreamReader) -> tuple[list[bytes], bytes]:
+    """An answer with a Content-Length: its head's field lines as they came, and its body."""
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    lines = head.split(b"\r\n")[:-2]
+    lengths = [line for line in lines if line.lower().startswith(b"content-length:")]
+    assert len(lengths) == 1, lines
+    body = await asyncio.wait_for(reader.readexactly(int(lengths[0].split(b":", 1)[1])), 10)
+    return lines, body
+
+
+def comparable(lines: list[bytes]) -> list[bytes]:
+    """Field lines with the values that differ from answer to answer left out."""
+    varying = (b"date:", b"audit-id:")
+    return [line.split(b":")[0] if line.lower().startswith(varying) else line for line in lines]
+
+
+async def test_a_batched_lists_answer_goes_on_with_the_apiservers_head_as_it_came(
+    tmp_path: Any,
+) -> None:
+    """Nothing in the fake apiserver's head is hop-by-hop, so a batched LIST's member whose
+    connection stays open gets that head byte for byte (``lists.batch.Answer.raw_head``), the
+    field order included; one whose answer closes its connection gets it rebuilt, with
+    ``Connection: close`` and its own Content-Length."""
+    async with running_proxy(tmp_path) as running:
+        fake, metrics = running.fake, running.proxy.metrics.registry
+        fake.store.create("pods", "default", pod("p"))
+        get = f"GET {PODS} HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: application/json\r\n"
+        reader, writer = await asyncio.open_connection(
+            fake.host, fake.port, ssl=fake.client_ssl_context()
+        )
+        writer.write(f"{get}Authorization: Bearer {fake.token}\r\n\r\n".encode())
+        direct, direct_body = await read_answer(reader)
+        writer.close()
+        batched_before = metrics.get_sample_value("watchproxy_lists_batched_total") or 0
+        reader, writer = await asyncio.open_connection("127.0.0.1", running.proxy.api_port)
+        try:
+            for _ in range(2):  # the second on the same connection
+                writer.write(f"{get}\r\n".encode())
+                lines, body = await read_answer(reader)
+                assert comparable(lines) == comparable(direct)
+                assert body == direct_body
+            writer.write(f"{get}Connection: close\r\n\r\n".encode())
+            lines, body = await read_answer(reader)
+            assert b"Connection: close" in lines
+            assert sorted(comparable(lines)) == sorted([*comparable(direct), b"Connection: close"])
+            assert body == direct_body
+            assert await asyncio.wait_for(reader.read(), 10) == b""  # closed, as it said
+        finally:
+            writer.close()
+        batched = metrics.get_sample_value("watchproxy_lists_batched_total") or 0
+        assert batched - batched_before == 3

@@ -42,6 +42,7 @@ from watchproxy.metrics import Metrics
 from watchproxy.policy.bodybudget import BodyBudget
 from watchproxy.upstream.client import Upstream
 from watchproxy.upstream.http1 import HeaderBlock
+from watchproxy.upstream.response import UpstreamResponse
 
 log = logging.getLogger("watchproxy.passthrough")
 
@@ -54,6 +55,8 @@ _NOT_IN_KEY = frozenset(
 # The key's fields of a shared outgoing header block are kept for as many blocks as the API
 # port keeps (``server.http.HEADER_BLOCKS_KEPT``).
 _FIELDS_KEPT = 512
+
+_NO_BODY = frozenset({204, 304})
 
 KeyFields = tuple[tuple[str, str], ...]
 Key = tuple[str, KeyFields, str | None]
@@ -101,12 +104,35 @@ class Outgoing(Protocol):
         a read-only block without the credential, worked out once per block."""
 
 
-@dataclass(frozen=True, slots=True)
 class Answer:
-    status: int
-    reason: str
-    headers: CIMultiDict[str]
-    body: bytes
+    """A batch's whole answer, which every member is sent. ``raw_head``: the apiserver's head
+    as it came, when it may go on unchanged (HTTP/1.1, nothing hop-by-hop, one Content-Length,
+    the body's); a member whose connection stays open is sent it and the body, not a head
+    built again from parsed headers. :attr:`headers` are parsed and filtered the first time a
+    member needs them (bench/README.md, "Instructions per request")."""
+
+    __slots__ = ("_headers", "_upstream", "body", "raw_head", "reason", "status")
+
+    def __init__(self, upstream: UpstreamResponse, body: bytes) -> None:
+        self.status = upstream.status
+        self.reason = upstream.reason
+        self.body = body
+        passes = (
+            upstream.passable
+            and upstream.content_length == len(body)
+            and self.status not in _NO_BODY
+        )
+        self.raw_head: bytes | None = upstream.raw_head if passes else None
+        self._upstream = upstream  # released: it holds its head, not its connection
+        self._headers: CIMultiDict[str] | None = None
+
+    @property
+    def headers(self) -> CIMultiDict[str]:
+        """The upstream headers a member's own head carries, without Content-Length (each
+        member's answer says its own)."""
+        if self._headers is None:
+            self._headers = response_headers(self._upstream.headers, keep_length=False)
+        return self._headers
 
 
 def key_fields(headers: Mapping[str, str]) -> KeyFields:
@@ -295,19 +321,17 @@ class ListBatcher:
         # Held whole: up to the smaller of max_bytes and, when streaming, one paced piece.
         whole_max = min(self.max_bytes, PACED_BODY_BYTES) if self.stream else self.max_bytes
         try:
-            # A new dict, without Content-Length (each member's answer says its own).
-            headers = response_headers(upstream.headers, keep_length=False)
             length = upstream.content_length
             body = upstream.whole_body()
             if body is not None and len(body) <= whole_max:
                 ended = True
-                return Answer(upstream.status, upstream.reason, headers, body)
+                return Answer(upstream, body)
             chunks: list[bytes] = [] if body is None else [body]
             size = len(body) if body is not None else 0
             if (length is not None and length > whole_max) or size > whole_max:
                 if not self.stream:
                     return None
-                shared = self._share(batch, upstream.status, upstream.reason, headers, chunks)
+                shared = self._share(batch, upstream, chunks)
             if body is None:
                 # (No ``continue`` here: mypyc miscompiles one inside try/finally.)
                 async for chunk in upstream.chunks():
@@ -320,15 +344,13 @@ class ListBatcher:
                         if size > whole_max:
                             if not self.stream:
                                 return None
-                            shared = self._share(
-                                batch, upstream.status, upstream.reason, headers, chunks
-                            )
+                            shared = self._share(batch, upstream, chunks)
                             chunks = []
             ended = True
             if shared is not None:
                 shared.end()
                 return None  # the members have it already
-            return Answer(upstream.status, upstream.reason, headers, b"".join(chunks))
+            return Answer(upstream, b"".join(chunks))
         except ProxyError as error:
             log.info("a batched LIST broke: %s", error.message)
             if shared is not None:
@@ -342,15 +364,11 @@ class ListBatcher:
             else:
                 upstream.cut()
 
-    def _share(
-        self,
-        batch: Batch,
-        status: int,
-        reason: str,
-        headers: CIMultiDict[str],
-        chunks: list[bytes],
-    ) -> SharedBody:
+    def _share(self, batch: Batch, upstream: UpstreamResponse, chunks: list[bytes]) -> SharedBody:
         """The batch's answer, too big to hold whole, given to its members as it goes on."""
+        # A new dict, without Content-Length (each member's answer says its own).
+        headers = response_headers(upstream.headers, keep_length=False)
+        status, reason = upstream.status, upstream.reason
         # The window is taken from the budget of every streamed batch; one piece at least, so
         # that a batch always moves (beyond the budget by that piece at most).
         taken = self.budget.take_at_most(self.max_bytes)
