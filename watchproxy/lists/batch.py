@@ -56,8 +56,6 @@ _NOT_IN_KEY = frozenset(
 # port keeps (``server.http.HEADER_BLOCKS_KEPT``).
 _FIELDS_KEPT = 512
 
-_NO_BODY = frozenset({204, 304})
-
 KeyFields = tuple[tuple[str, str], ...]
 Key = tuple[str, KeyFields, str | None]
 T = TypeVar("T")
@@ -117,12 +115,7 @@ class Answer:
         self.status = upstream.status
         self.reason = upstream.reason
         self.body = body
-        passes = (
-            upstream.passable
-            and upstream.content_length == len(body)
-            and self.status not in _NO_BODY
-        )
-        self.raw_head: bytes | None = upstream.raw_head if passes else None
+        self.raw_head = upstream.raw_head if upstream.head_passes_with(body) else None
         self._upstream = upstream  # released: it holds its head, not its connection
         self._headers: CIMultiDict[str] | None = None
 

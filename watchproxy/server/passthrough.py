@@ -228,7 +228,7 @@ class Forwarder:
             # The whole answer came at once (most one-shot answers do): head and body in one
             # write, with its length.
             upstream.release()
-            if response.passes_raw and upstream.passable and upstream.content_length == len(whole):
+            if response.passes_raw and upstream.head_passes_with(whole):
                 # Nothing in its head is hop-by-hop: it goes on as it came, not rebuilt.
                 response.send_raw(status, upstream.raw_head + whole)
                 return

@@ -75,6 +75,16 @@ class UpstreamResponse:
     def content_length(self) -> int | None:
         return self._head.content_length
 
+    def head_passes_with(self, body: bytes) -> bool:
+        """Whether the head may go to a client as it came, followed by ``body``: ``passable``,
+        and its one Content-Length is ``body``'s (a 204 or 304 frames no body at all)."""
+        return (
+            self.passable
+            and self.content_length == len(body)
+            and self.status != 204
+            and self.status != 304
+        )
+
     @property
     def switched(self) -> bool:
         """The apiserver switched protocols (101): :meth:`take_stream` has the bytes."""
