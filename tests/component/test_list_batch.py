@@ -261,7 +261,7 @@ async def test_a_batched_lists_answer_goes_on_with_the_apiservers_head_as_it_cam
     tmp_path: Any,
 ) -> None:
     """Nothing in the fake apiserver's head is hop-by-hop, so a batched LIST's member whose
-    connection stays open gets that head byte for byte (``lists.batch.Answer.raw_head``), the
+    connection stays open gets that head byte for byte (``lists.batch.BatchAnswer.raw_head``), the
     field order included; one whose answer closes its connection gets it rebuilt, with
     ``Connection: close`` and its own Content-Length."""
     async with running_proxy(tmp_path) as running:

@@ -27,8 +27,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from multidict import CIMultiDict, CIMultiDictProxy
-
 from watchproxy.config import HubConfig
 from watchproxy.errors import (
     ProxyError,
@@ -47,13 +45,11 @@ from watchproxy.hub.subscriber import Subscriber, SubscriberOptions
 from watchproxy.hub.watchkey import Unservable, WatchKey, identity_of, watch_key
 from watchproxy.hub.watchlists import WatchListSupport
 from watchproxy.kube.apipath import ApiPath
-from watchproxy.kube.headers import forwarded_credential
+from watchproxy.kube.headers import Headers, forwarded_credential
 from watchproxy.kube.representation import Representation
 from watchproxy.kube.watchquery import WatchQuery
 from watchproxy.metrics import Metrics
 from watchproxy.policy.backoff import BackoffPolicy
-
-Headers = CIMultiDictProxy[str] | CIMultiDict[str]
 
 # A key that did not fit in hub.cache_max_bytes is passed through this long before a new
 # client's watch tries to list it again (each try costs the apiserver part of a LIST).

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
+# A request's or an answer's header block, as llhttp's callbacks fill it (CIMultiDict) or
+# read-only as kept for the next request with the same lines (CIMultiDictProxy).
+Headers = CIMultiDictProxy[str] | CIMultiDict[str]
+
 # RFC 9110 hop-by-hop headers, plus the ones aiohttp recomputes for the new message.
 HOP_BY_HOP = frozenset(
     {

@@ -12,6 +12,6 @@ shared watches by key, and the key a path would share), which ``hub.multiplexer.
 it is; upstream it sends through the pass-through's headers and ``Upstream``
 (:class:`.batch.Outgoing`, which ``server.passthrough.Forwarder`` fits). The server calls each
 answer's ``serve`` through the protocols in ``server/api.py``, and knows nothing else of this
-package. Which watch covers a LIST (:mod:`.cover`), the page arithmetic (:mod:`.pages`), the
-freshness rule (:mod:`.fresh`) and the hub port (:mod:`.ports`) never import aiohttp.
+package. Answers are values of this package's own (:mod:`.answers`); nothing here imports
+aiohttp.
 """

@@ -1,6 +1,7 @@
-"""LIST answers written as a stream of pieces, at the pace each client reads.
+"""LIST answers: whole values, or streams of pieces written at the pace each client reads.
 
-A LIST answer is either whole bytes (small: one write) or a :class:`StreamedAnswer`, whose body
+A LIST answer is either an :class:`Answer` (a value with its whole body: one write) or a
+:class:`StreamedAnswer`, whose body
 is handed over piece by piece, each once the client has taken the last: a batch member's view of
 one upstream answer (``lists.sharedbody``), or a LIST from the hub encoded from its cached
 objects as it is written (:class:`EncodedAnswer`). Nothing here holds a whole answer per client:
@@ -13,8 +14,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Iterator
+from typing import NamedTuple
 
 from multidict import CIMultiDict
+
+from watchproxy.kube.headers import Headers
 
 log = logging.getLogger("watchproxy.passthrough")
 
@@ -22,6 +26,16 @@ log = logging.getLogger("watchproxy.passthrough")
 # the last (one write would hand the transport all of it: a copy per slow client); the hub
 # encodes a streamed LIST in pieces of about this size.
 PACED_BODY_BYTES = 256 * 1024
+
+
+class Answer(NamedTuple):
+    """A whole answer as a value: what a LIST service, a refusal or an error hands the API
+    port's writer (``server.protocol.Response.send_answer``), which adds Content-Length."""
+
+    status: int
+    reason: str
+    headers: Headers
+    body: bytes
 
 
 class ReaderCut(Exception):

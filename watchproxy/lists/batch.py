@@ -32,9 +32,8 @@ from typing import Protocol, TypeVar
 from multidict import CIMultiDict
 
 from watchproxy.errors import ProxyError
-from watchproxy.hub.multiplexer import Headers
 from watchproxy.kube.apipath import canonical_target
-from watchproxy.kube.headers import response_headers
+from watchproxy.kube.headers import Headers, response_headers
 from watchproxy.lists.answers import PACED_BODY_BYTES, StreamedAnswer
 from watchproxy.lists.ports import ListRequest
 from watchproxy.lists.sharedbody import SLOW_READER_SECONDS, SharedBody, Streamed
@@ -102,7 +101,7 @@ class Outgoing(Protocol):
         a read-only block without the credential, worked out once per block."""
 
 
-class Answer:
+class BatchAnswer:
     """A batch's whole answer, which every member is sent. ``raw_head``: the apiserver's head
     as it came, when it may go on unchanged (HTTP/1.1, nothing hop-by-hop, one Content-Length,
     the body's); a member whose connection stays open is sent it and the body, not a head
@@ -140,7 +139,7 @@ class Batch:
     path: str
     headers: CIMultiDict[str] | HeaderBlock
     forwarded_auth: str | None
-    answer: asyncio.Future[Answer | Streamed | ProxyError | None]
+    answer: asyncio.Future[BatchAnswer | Streamed | ProxyError | None]
     counted_in: Counting  # the metric that counts this batch's upstream request
     members: int = 0  # requests waiting for the answer
     fetch: asyncio.Task[None] | None = None  # its upstream request, once sent
@@ -185,7 +184,7 @@ class ListBatcher:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    async def answer(self, request: ListRequest) -> Answer | StreamedAnswer | None:
+    async def answer(self, request: ListRequest) -> BatchAnswer | StreamedAnswer | None:
         """The answer of this request's batch, as a value the API port writes as it is; None:
         pass it through on its own."""
         headers, auth, fields = self._outgoing_of(request)
@@ -226,7 +225,7 @@ class ListBatcher:
         *,
         counted_in: Counting,
         fields: KeyFields | None = None,
-    ) -> Answer | StreamedAnswer | ProxyError | None:
+    ) -> BatchAnswer | StreamedAnswer | ProxyError | None:
         """The answer to ``GET path`` from an upstream request sent after this call began,
         shared with every identical call waiting at the same time; None: too big to share.
         ``path`` may be a client's target as it came: what goes upstream (and is shared) is its
@@ -284,7 +283,7 @@ class ListBatcher:
         task.add_done_callback(self._tasks.discard)
 
     async def _fetch(self, key: Key, state: _KeyState, batch: Batch) -> None:
-        answer: Answer | Streamed | ProxyError | None = None
+        answer: BatchAnswer | Streamed | ProxyError | None = None
         try:
             answer = await self._read(batch)
         finally:
@@ -297,7 +296,7 @@ class ListBatcher:
             elif self._keys.get(key) is state:
                 del self._keys[key]
 
-    async def _read(self, batch: Batch) -> Answer | Streamed | ProxyError | None:
+    async def _read(self, batch: Batch) -> BatchAnswer | Streamed | ProxyError | None:
         try:
             upstream = await self.upstream.open(
                 "GET",
@@ -318,7 +317,7 @@ class ListBatcher:
             body = upstream.whole_body()
             if body is not None and len(body) <= whole_max:
                 ended = True
-                return Answer(upstream, body)
+                return BatchAnswer(upstream, body)
             chunks: list[bytes] = [] if body is None else [body]
             size = len(body) if body is not None else 0
             if (length is not None and length > whole_max) or size > whole_max:
@@ -343,7 +342,7 @@ class ListBatcher:
             if shared is not None:
                 shared.end()
                 return None  # the members have it already
-            return Answer(upstream, b"".join(chunks))
+            return BatchAnswer(upstream, b"".join(chunks))
         except ProxyError as error:
             log.info("a batched LIST broke: %s", error.message)
             if shared is not None:

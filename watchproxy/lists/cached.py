@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from aiohttp import web
+from multidict import CIMultiDict
 
 from watchproxy.kube.apipath import ApiPath
 from watchproxy.kube.watchquery import WatchQuery
-from watchproxy.lists.answers import EncodedAnswer, encoded
+from watchproxy.lists.answers import Answer, EncodedAnswer, encoded
 from watchproxy.lists.cover import Cover, cached_cover
 from watchproxy.lists.ports import ListRequest, SharedWatches
 from watchproxy.lists.sharedaccess import SharedAccess
@@ -34,7 +34,7 @@ class CachedLists:
 
     async def serve(
         self, request: ListRequest, api_path: ApiPath, query: WatchQuery
-    ) -> web.Response | EncodedAnswer | None:
+    ) -> Answer | EncodedAnswer | None:
         cover = cached_cover(self.hub, api_path, query, request.headers)
         if cover is None:
             return None
@@ -42,18 +42,16 @@ class CachedLists:
             admitted = await self.access.admit(request.headers, "list", api_path, query)
             if admitted is not True:
                 # Passed through, or the apiserver's 403.
-                return admitted if isinstance(admitted, web.Response) else None
+                return admitted if isinstance(admitted, Answer) else None
         self.metrics.lists_from_cache.inc()
         return hub_answer(cover, cover.list_pieces())
 
 
-def hub_answer(cover: Cover, pieces: Iterator[bytes]) -> web.Response | EncodedAnswer:
+def hub_answer(cover: Cover, pieces: Iterator[bytes]) -> Answer | EncodedAnswer:
     """A LIST answer from the hub: one piece is answered whole, more are written as they are
     encoded (a large collection's LIST is never one bytes object)."""
     content_type = cover.shared.representation.content_type
     body = encoded(content_type, pieces)
     if isinstance(body, EncodedAnswer):
         return body
-    answer = web.Response(body=body)
-    answer.headers["Content-Type"] = content_type
-    return answer
+    return Answer(200, "OK", CIMultiDict({"Content-Type": content_type}), body)

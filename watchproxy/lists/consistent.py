@@ -18,16 +18,14 @@ import json
 import time
 from collections.abc import Callable
 
-from aiohttp import web
-
 from watchproxy.errors import ProxyError
 from watchproxy.hub.cachetypes import parse_rv
-from watchproxy.hub.multiplexer import Headers
 from watchproxy.hub.transitions import Phase
 from watchproxy.kube.apipath import ApiPath
+from watchproxy.kube.headers import Headers
 from watchproxy.kube.watchquery import WatchQuery
-from watchproxy.lists.answers import EncodedAnswer
-from watchproxy.lists.batch import Answer, ListBatcher, Outgoing
+from watchproxy.lists.answers import Answer, EncodedAnswer
+from watchproxy.lists.batch import BatchAnswer, ListBatcher, Outgoing
 from watchproxy.lists.cached import hub_answer
 from watchproxy.lists.cover import Cover, consistent_cover
 from watchproxy.lists.fresh import Misses, looks_busy, wait_current
@@ -82,7 +80,7 @@ class ConsistentLists:
 
     async def serve(
         self, request: ListRequest, api_path: ApiPath, query: WatchQuery
-    ) -> web.Response | EncodedAnswer | None:
+    ) -> Answer | EncodedAnswer | None:
         """The answer from a shared watch; None: the LIST goes to the apiserver."""
         if self.wait <= 0:
             return None
@@ -91,7 +89,7 @@ class ConsistentLists:
                 return None
             admitted = await self._admitted(request, api_path, query)
             if admitted is not True:
-                return admitted if isinstance(admitted, web.Response) else None
+                return admitted if isinstance(admitted, Answer) else None
             return self._next_page(api_path, query, request.headers)
         cover = consistent_cover(self.hub, api_path, query, request.headers)
         if cover is None:
@@ -119,7 +117,7 @@ class ConsistentLists:
             return None
         admitted = await self._admitted(request, api_path, query)
         if admitted is not True:
-            return admitted if isinstance(admitted, web.Response) else None
+            return admitted if isinstance(admitted, Answer) else None
         # More objects than the limit: page 1 of several (a limit below 1 is no limit).
         paged = query.limit is not None and 0 < query.limit < cover.count()
         current = await self._current_rv(request)
@@ -156,7 +154,7 @@ class ConsistentLists:
 
     async def _admitted(
         self, request: ListRequest, api_path: ApiPath, query: WatchQuery
-    ) -> web.Response | bool:
+    ) -> Answer | bool:
         """True when the client may be served from shared state; else False (the LIST goes
         upstream) or the apiserver's 403 to answer with."""
         if self.access is None:
@@ -165,7 +163,7 @@ class ConsistentLists:
 
     def _next_page(
         self, api_path: ApiPath, query: WatchQuery, headers: Headers
-    ) -> web.Response | EncodedAnswer | None:
+    ) -> Answer | EncodedAnswer | None:
         """A continuation of a page 1 the hub answered, from its snapshot: no probe, the
         snapshot is the collection at the token's revision. Anything else goes upstream."""
         cover = consistent_cover(self.hub, api_path, query, headers)
@@ -183,7 +181,7 @@ class ConsistentLists:
         page = page_of(snapshot, start, query.limit or 0, _key_prefix(api_path))
         return hub_answer(cover, cover.page_pieces(snapshot, page))
 
-    async def _current_rv(self, request: ListRequest) -> int | web.Response | ProxyError | None:
+    async def _current_rv(self, request: ListRequest) -> int | Answer | ProxyError | None:
         """The apiserver's current revision; else the probe's error answer, which is the
         client's answer too, or None (the LIST goes upstream)."""
         headers, auth = self.probes.forwarder.outgoing_headers(request.headers)
@@ -194,13 +192,11 @@ class ConsistentLists:
         )
         if isinstance(answer, ProxyError) or answer is None:
             return answer
-        if not isinstance(answer, Answer):
+        if not isinstance(answer, BatchAnswer):
             return None
         if answer.status != 200:
             # The client's own path, selectors and credential: its LIST would get this verdict.
-            refused = web.Response(status=answer.status, reason=answer.reason, body=answer.body)
-            refused.headers.extend(answer.headers)
-            return refused
+            return Answer(answer.status, answer.reason, answer.headers, answer.body)
         try:
             return parse_rv(json.loads(answer.body)["metadata"]["resourceVersion"])
         except (ValueError, KeyError, TypeError):

@@ -13,9 +13,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from watchproxy.hub.cachetypes import NotSynced
-from watchproxy.hub.multiplexer import Headers
 from watchproxy.hub.watchkey import Unservable
 from watchproxy.kube.apipath import ApiPath
+from watchproxy.kube.headers import Headers
 from watchproxy.kube.watchquery import WatchQuery, is_go_duration
 from watchproxy.lists.pages import Page, Snapshot
 from watchproxy.lists.ports import ListedWatch, SharedWatches

@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
-from watchproxy.hub.multiplexer import Headers
 from watchproxy.hub.transitions import Phase
 from watchproxy.hub.watchcache import WatchCache
 from watchproxy.hub.watchkey import Unservable, WatchKey
 from watchproxy.kube.apipath import ApiPath
+from watchproxy.kube.headers import Headers
 from watchproxy.kube.representation import Representation
 from watchproxy.kube.watchquery import WatchQuery
 

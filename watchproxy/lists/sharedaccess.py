@@ -27,15 +27,15 @@ import json
 import logging
 from typing import Any
 
-from aiohttp import web
+from multidict import CIMultiDict
 
 from watchproxy.errors import ProxyError
-from watchproxy.hub.multiplexer import Headers
 from watchproxy.hub.watchkey import identity_of
 from watchproxy.kube.apipath import ApiPath
-from watchproxy.kube.headers import forwarded_credential
+from watchproxy.kube.headers import Headers, forwarded_credential
 from watchproxy.kube.requestinfo import selector_name
 from watchproxy.kube.watchquery import WatchQuery
+from watchproxy.lists.answers import Answer
 from watchproxy.metrics import Metrics
 from watchproxy.policy.authorization import (
     REVIEW_PATH,
@@ -72,7 +72,7 @@ class SharedAccess:
 
     async def admit(
         self, headers: Headers, verb: str, api_path: ApiPath, query: WatchQuery | None
-    ) -> web.Response | bool:
+    ) -> Answer | bool:
         """True: serve the request from shared state. False: pass it through (the apiserver
         answers it). A response: the apiserver's 403 for it, to send as it is."""
         credential = forwarded_credential(headers, True) or ""
@@ -87,9 +87,10 @@ class SharedAccess:
         if decision is Decision.PASS:
             return False
         body = json.dumps(forbidden_status(attributes, verdict)).encode()
-        answer = web.Response(status=403, body=body, content_type="application/json")
-        answer.headers["X-Content-Type-Options"] = "nosniff"
-        return answer
+        headers = CIMultiDict(
+            {"Content-Type": "application/json", "X-Content-Type-Options": "nosniff"}
+        )
+        return Answer(403, "Forbidden", headers, body)
 
     async def _review(self, attributes: Attributes, credential: str) -> Verdict:
         body = json.dumps(review_body(attributes)).encode()

@@ -16,20 +16,24 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Protocol
 
-from aiohttp import web
-
 from watchproxy.errors import FaultyFraming, ProxyError, TooManyRequests
 from watchproxy.kube.apipath import ApiPath
 from watchproxy.kube.watchquery import QUICK_END_SECONDS, WatchQuery
-from watchproxy.lists.answers import PACED_BODY_BYTES, ReaderCut, StreamedAnswer, paced_chunks
-from watchproxy.lists.batch import Answer as BatchAnswer
+from watchproxy.lists.answers import (
+    PACED_BODY_BYTES,
+    Answer,
+    ReaderCut,
+    StreamedAnswer,
+    paced_chunks,
+)
+from watchproxy.lists.batch import BatchAnswer
 from watchproxy.lists.ports import ListRequest
 from watchproxy.metrics import Metrics
 from watchproxy.policy.access import AccessPolicy
 from watchproxy.policy.clientlimits import ErroredWatchLimiter
 from watchproxy.policy.fairqueue import flow
 from watchproxy.server.clientgone import CLIENT_CLOSED_REQUEST, EndsWithClient
-from watchproxy.server.http import Answer, Request, faulty_framing
+from watchproxy.server.http import Request, faulty_framing
 from watchproxy.server.passthrough import Forwarder
 from watchproxy.server.protocol import Response
 from watchproxy.server.routes import (
@@ -56,9 +60,9 @@ MAX_REFUSALS_LOGGED = 1024
 ROUTE_MEMO_SIZE = 1024
 ROUTE_MEMO_TARGET_CHARS = 512
 
-# An answer a LIST service gives: a value (a batch's, or one of aiohttp's Response objects,
-# read as a value: status, reason, headers, body), or a batch's answer streamed to its members.
-Listed = web.Response | BatchAnswer | StreamedAnswer
+# An answer a LIST service gives: a whole one (a batch's, with the apiserver's head, or the
+# hub's or a refusal's value), or one streamed: a batch's to its members, or the hub's.
+Listed = Answer | BatchAnswer | StreamedAnswer
 # An answer, or None to let the route's next kind answer.
 Handler = Callable[[Request, Response, Route], Awaitable[bool]]
 
@@ -78,7 +82,7 @@ class WatchServer(Protocol):
 
     async def serve_list(
         self, request: ListRequest, api_path: ApiPath, query: WatchQuery
-    ) -> web.Response | StreamedAnswer | None: ...
+    ) -> Answer | StreamedAnswer | None: ...
 
 
 class ConsistentListServer(Protocol):
@@ -87,7 +91,7 @@ class ConsistentListServer(Protocol):
 
     async def serve(
         self, request: ListRequest, api_path: ApiPath, query: WatchQuery
-    ) -> web.Response | StreamedAnswer | None: ...
+    ) -> Answer | StreamedAnswer | None: ...
 
 
 class BatchedListServer(Protocol):
@@ -192,16 +196,6 @@ class RouteMemo:
             memo.clear()
         memo[key] = route
         return route
-
-
-def answer_of(listed: web.Response | BatchAnswer) -> Answer:
-    """A LIST service's whole answer as the value the writer sends."""
-    if isinstance(listed, BatchAnswer):
-        return Answer(listed.status, listed.reason, listed.headers, listed.body)
-    assert isinstance(listed.body, bytes), "LIST services answer with whole bodies"
-    headers = listed.headers.copy()
-    headers.popall("Content-Length", None)
-    return Answer(listed.status, listed.reason, headers, listed.body)
 
 
 class ApiHandler:
@@ -469,7 +463,11 @@ class ApiHandler:
             # Nothing in the apiserver's head is hop-by-hop: it goes on as it came.
             response.send_raw(listed.status, listed.raw_head + listed.body)
             return True
-        answer = answer_of(listed)
+        answer = (
+            listed
+            if isinstance(listed, Answer)
+            else Answer(listed.status, listed.reason, listed.headers, listed.body)
+        )
         if len(answer.body) > PACED_BODY_BYTES:
             await response.send_stream(
                 answer.status,

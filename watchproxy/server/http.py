@@ -11,14 +11,13 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 from http import HTTPStatus
-from typing import NamedTuple
 
 from multidict import CIMultiDict, CIMultiDictProxy, MultiDictProxy
 from yarl import URL
 
 from watchproxy.errors import ProxyError, status_bytes
-
-Headers = CIMultiDict[str] | CIMultiDictProxy[str]
+from watchproxy.kube.headers import Headers
+from watchproxy.lists.answers import Answer
 
 # A client sends the same header lines request after request (its User-Agent, Accept, often the
 # same Content-Length): the parse of a block of lines is kept, read-only, for the next, and
@@ -26,15 +25,6 @@ Headers = CIMultiDict[str] | CIMultiDictProxy[str]
 # and in the size of a block kept.
 HEADER_BLOCKS_KEPT = 512
 HEADER_BLOCK_BYTES_KEPT = 2048
-
-
-class Answer(NamedTuple):
-    """A whole answer as a value: what a LIST service or a refusal hands the writer."""
-
-    status: int
-    reason: str
-    headers: Headers
-    body: bytes
 
 
 def status_answer(error: ProxyError) -> Answer:

@@ -15,11 +15,10 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from watchproxy.errors import BodiesBusy, PayloadTooLarge, UpstreamTimeout, UpstreamUnavailable
 from watchproxy.kube.apipath import canonical_target
-from watchproxy.kube.headers import forwarded_credential, request_headers, response_headers
+from watchproxy.kube.headers import Headers, forwarded_credential, request_headers, response_headers
 from watchproxy.policy.bodybudget import BodyBudget
 from watchproxy.server.http import HEADER_BLOCKS_KEPT, Request
 from watchproxy.server.protocol import Response
-from watchproxy.server.routes import Headers
 from watchproxy.upstream.client import Upstream, UpstreamResponse
 from watchproxy.upstream.http1 import HeaderBlock
 

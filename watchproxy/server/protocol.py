@@ -33,12 +33,12 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from watchproxy.errors import BadRequest, BodyTimeout, PayloadTooLarge, ProxyError
 from watchproxy.kube.headers import impersonates
+from watchproxy.lists.answers import Answer
 from watchproxy.metrics import Metrics
 from watchproxy.server.deadlines import BodyClock, DeadlineTimer
 from watchproxy.server.http import (
     HEADER_BLOCK_BYTES_KEPT,
     HEADER_BLOCKS_KEPT,
-    Answer,
     Request,
     reason_phrase,
     response_head,

@@ -19,11 +19,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from multidict import CIMultiDict, CIMultiDictProxy
-
 from watchproxy.errors import BadRequest, ProxyError, UpstreamUnavailable
 from watchproxy.kube.apipath import ApiPath, parse_api_path
-from watchproxy.kube.headers import impersonates
+from watchproxy.kube.headers import Headers, impersonates
 from watchproxy.kube.requestinfo import RequestInfo, request_info, selector_name
 from watchproxy.kube.watchquery import WatchQuery, parse_watch_query
 from watchproxy.kube.websocket import is_websocket_request
@@ -35,8 +33,6 @@ from watchproxy.policy.access import (
     ReadOnlyRefused,
     host_name,
 )
-
-Headers = CIMultiDictProxy[str] | CIMultiDict[str]
 
 # The characters of a continue token as the apiserver issues it (base64url without padding):
 # none of them is changed by a query's decoding, so the raw value is the decoded one.

@@ -9,15 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from aiohttp import web
-
 from watchproxy.hub.multiplexer import Hub, Refusal
 from watchproxy.hub.watchkey import Unservable
 from watchproxy.kube import websocket
 from watchproxy.kube.apipath import ApiPath
 from watchproxy.kube.contentcoding import GZIP, IDENTITY, gzip_member, watch_coding
 from watchproxy.kube.watchquery import WatchQuery
-from watchproxy.lists.answers import StreamedAnswer
+from watchproxy.lists.answers import Answer, StreamedAnswer
 from watchproxy.lists.cached import CachedLists
 from watchproxy.lists.ports import ListRequest
 from watchproxy.lists.sharedaccess import SharedAccess
@@ -178,7 +176,7 @@ class HubEndpoint:
 
     async def _admitted(
         self, request: Request, api_path: ApiPath, query: WatchQuery
-    ) -> web.Response | bool:
+    ) -> Answer | bool:
         """True when the hub may serve this watch; False to pass it through (the apiserver
         answers); or the apiserver's 403. Asked only in forward identity mode, for a watch the
         hub would share; over WebSocket the 403 comes before the handshake, as the apiserver's
@@ -191,13 +189,10 @@ class HubEndpoint:
         return await access.admit(request.headers, "watch", api_path, query)
 
     @staticmethod
-    def _refused(admitted: web.Response | bool, response: Response) -> bool:
-        if not isinstance(admitted, web.Response):
+    def _refused(admitted: Answer | bool, response: Response) -> bool:
+        if not isinstance(admitted, Answer):
             return False
-        assert isinstance(admitted.body, bytes)
-        headers = admitted.headers.copy()
-        headers.popall("Content-Length", None)
-        response.send(admitted.status, admitted.reason, headers, admitted.body)
+        response.send_answer(admitted)
         return True
 
     @staticmethod
@@ -216,5 +211,5 @@ class HubEndpoint:
 
     async def serve_list(
         self, request: ListRequest, api_path: ApiPath, query: WatchQuery
-    ) -> web.Response | StreamedAnswer | None:
+    ) -> Answer | StreamedAnswer | None:
         return await self.lists.serve(request, api_path, query)
