@@ -11,7 +11,9 @@ the state only once it is known to hold everything up to R:
 
 1. R is read with a one-item LIST sent after the client's request arrived (a consistent read);
 2. a state already at R or later is current;
-3. a state that moves is waited for, as for a consistent LIST;
+3. a state that moves is waited for, as for a consistent LIST: for ``IN_FLIGHT_SECONDS`` when
+   step 4 can settle it (its events may be on their way, but so many writes elsewhere move R
+   that its state most often has nothing left to reach), the whole wait otherwise;
 4. otherwise, for a key of at most ``PROBE_MAX_OBJECTS`` objects, a watch-list of the key from
    R (``sendInitialEvents``, ``NotOlderThan``, JSON) is read up to its initial-events-end
    bookmark at some B >= R and closed: its objects are the key's state at B, which
@@ -61,6 +63,12 @@ REPLAYED_CHANGE_WAIT = 3.0
 # A state that has not moved for this many waits is quiet: its next move is not expected soon
 # (consistent LISTs, in lists/fresh.py, follow the same rule through these functions).
 QUIET_AFTER_WAITS = 4
+# How long a state that moves is waited for before a watch-list probe settles it (step 3): an
+# event already on its way from a healthy apiserver arrives within this. Waiting longer holds
+# every client of a key written lately for a change that, while writes to other resources move
+# the revision (leases do every few seconds), most often is not coming: the probe answers in
+# milliseconds (tests/component/test_fresh_watch.py, "just written").
+IN_FLIGHT_SECONDS = 0.05
 # The largest key a watch-list probe checks (step 4 above). The probe carries the key's whole
 # state, once per client that joins it: a few hundred objects are well under a megabyte for
 # the apiserver to send and for the proxy to parse, milliseconds, against the second a replay
@@ -180,13 +188,16 @@ async def is_current(shared: SharedWatch, wait: float, clock: Callable[[], float
         return False  # refused: the apiserver answers the watch itself
     if current == UNAVAILABLE:
         return True  # the apiserver cannot answer now: the state is the best there is
-    # A state that moves is waited for; a quiet one would wait for nothing.
+    # A state that moves is waited for, briefly where a probe can settle it; a quiet one would
+    # wait for nothing.
+    probe_settles = len(shared.cache) <= PROBE_MAX_OBJECTS
     busy = wait > 0 and looks_busy(shared, wait, clock())
-    if await caught_up(shared, current, wait if busy else 0.0, clock):
+    waited = (min(wait, IN_FLIGHT_SECONDS) if probe_settles else wait) if busy else 0.0
+    if await caught_up(shared, current, waited, clock):
         return True
     if shared.closed:
         return False
-    if len(shared.cache) <= PROBE_MAX_OBJECTS:
+    if probe_settles:
         outcomes = shared.metrics.freshness_watch_lists
         probed = await fetcher.probe(current, PROBE_MAX_OBJECTS)
         if probed == UNAVAILABLE:
