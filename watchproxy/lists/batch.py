@@ -34,7 +34,7 @@ from multidict import CIMultiDict
 from watchproxy.errors import ProxyError
 from watchproxy.kube.apipath import canonical_target
 from watchproxy.kube.headers import Headers, response_headers
-from watchproxy.lists.answers import PACED_BODY_BYTES, StreamedAnswer
+from watchproxy.lists.answers import PACED_BODY_BYTES, Answer, StreamedAnswer
 from watchproxy.lists.ports import ListRequest
 from watchproxy.lists.sharedbody import SLOW_READER_SECONDS, SharedBody, Streamed
 from watchproxy.metrics import Metrics
@@ -125,6 +125,10 @@ class BatchAnswer:
         if self._headers is None:
             self._headers = response_headers(self._upstream.headers, keep_length=False)
         return self._headers
+
+    def whole(self) -> Answer:
+        """This answer as the value a member's head is built from (its headers parsed)."""
+        return Answer(self.status, self.reason, self.headers, self.body)
 
 
 def key_fields(headers: Mapping[str, str]) -> KeyFields:

@@ -200,7 +200,7 @@ class ConsistentLists:
             return None
         if answer.status != 200:
             # The client's own path, selectors and credential: its LIST would get this verdict.
-            return Answer(answer.status, answer.reason, answer.headers, answer.body)
+            return answer.whole()
         try:
             return parse_rv(json.loads(answer.body)["metadata"]["resourceVersion"])
         except (ValueError, KeyError, TypeError):

@@ -463,11 +463,7 @@ class ApiHandler:
             # Nothing in the apiserver's head is hop-by-hop: it goes on as it came.
             response.send_raw(listed.status, listed.raw_head + listed.body)
             return True
-        answer = (
-            listed
-            if isinstance(listed, Answer)
-            else Answer(listed.status, listed.reason, listed.headers, listed.body)
-        )
+        answer = listed if isinstance(listed, Answer) else listed.whole()
         if len(answer.body) > PACED_BODY_BYTES:
             await response.send_stream(
                 answer.status,
