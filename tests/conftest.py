@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import gc
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -73,11 +74,29 @@ def pytest_asyncio_loop_factories() -> dict[str, Callable[[], asyncio.AbstractEv
 
 
 @pytest.fixture(autouse=True)
-def collect_leaks() -> Iterator[None]:
+def collect_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
     """Finalize what the test left unreferenced while it is still the current test: an unclosed
-    socket or transport then fails it (ResourceWarning is an error, see pyproject.toml)."""
+    socket or transport then fails it (ResourceWarning is an error, see pyproject.toml).
+
+    What outlives a test's collection is set aside (``gc.freeze``), so that the next test's
+    collection walks only what that test made. Walking everything took 20-500 ms a test: a
+    worker tracks 110,000 objects once collection is done, 150,000-230,000 once tests have
+    imported the Python clients' API models. In the unit tier alone that was 97 of its 154 s of
+    test time; in the whole suite the collections now take 37 s of its test time, and the suite
+    354 s instead of 512 s on three workers. A module's fixtures are torn down after its last
+    test's collection, so the first test of another module walks everything once more: what
+    those fixtures left unclosed fails that test, as before.
+    """
+    global _module_of_last_test
+    if request.path != _module_of_last_test:
+        gc.unfreeze()
+        _module_of_last_test = request.path
     yield
     gc.collect()
+    gc.freeze()
+
+
+_module_of_last_test: Path | None = None
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ pytest configuration and its uvloop fixture, and expects a failure that names th
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -40,10 +41,54 @@ LEAKS = {
 }
 
 
-@pytest.mark.parametrize("leak", sorted(LEAKS))
-def test_a_leak_fails_the_test_that_made_it(leak: str, tmp_path: Path) -> None:
-    test_file = tmp_path / f"test_leak_{leak}.py"
-    test_file.write_text(textwrap.dedent(LEAKS[leak]))
+# Leaks only the collector can find (a socket in a reference cycle), where the suite's
+# collection sets aside what outlived the tests before (tests/conftest.py, ``collect_leaks``):
+# the test that must fail (alone), and the test files.
+CYCLE_LEAKS = {
+    "in a test after others": (
+        "test_then_leaks_a_socket_in_a_cycle",
+        {
+            "test_later.py": """
+            import socket
+
+            def test_first_makes_nothing():
+                pass
+
+            def test_then_leaks_a_socket_in_a_cycle():
+                holder = []
+                holder.append((holder, socket.socket()))
+        """,
+        },
+    ),
+    "by a module fixture, found by the next module's test": (
+        "test_after_it",
+        {
+            "test_a_module.py": """
+            import socket
+
+            import pytest
+
+            @pytest.fixture(scope="module")
+            def held():
+                holder = []
+                holder.append((holder, socket.socket()))
+                yield holder  # dropped unclosed at the module's teardown
+
+            def test_uses_it(held):
+                pass
+        """,
+            "test_b_module.py": """
+            def test_after_it():
+                pass
+        """,
+        },
+    ),
+}
+
+
+def run_pytest(tmp_path: Path, files: dict[str, str]) -> tuple[int, str]:
+    for name, source in files.items():
+        (tmp_path / name).write_text(textwrap.dedent(source))
     # The project's conftest gives the uvloop loop and the per-test collection.
     (tmp_path / "conftest.py").write_text("from tests.conftest import *  # noqa: F403\n")
     result = subprocess.run(
@@ -58,7 +103,7 @@ def test_a_leak_fails_the_test_that_made_it(leak: str, tmp_path: Path) -> None:
             str(ROOT / "pyproject.toml"),
             "--rootdir",
             str(tmp_path),
-            str(test_file),
+            *(str(tmp_path / name) for name in sorted(files)),
         ],
         cwd=ROOT,
         capture_output=True,
@@ -66,10 +111,24 @@ def test_a_leak_fails_the_test_that_made_it(leak: str, tmp_path: Path) -> None:
         timeout=120,
         check=False,
     )
-    output = result.stdout + result.stderr
-    assert result.returncode == 1, output
+    return result.returncode, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("leak", sorted(LEAKS))
+def test_a_leak_fails_the_test_that_made_it(leak: str, tmp_path: Path) -> None:
+    returncode, output = run_pytest(tmp_path, {f"test_leak_{leak}.py": LEAKS[leak]})
+    assert returncode == 1, output
     assert "1 passed" not in output, output
     expected = {"socket": "ResourceWarning", "transport": "ResourceWarning"}.get(
         leak, "never awaited"
     )
     assert expected in output, output
+
+
+@pytest.mark.parametrize("leak", sorted(CYCLE_LEAKS))
+def test_a_leak_in_a_cycle_fails_a_test(leak: str, tmp_path: Path) -> None:
+    failing, files = CYCLE_LEAKS[leak]
+    returncode, output = run_pytest(tmp_path, files)
+    assert returncode == 1, output
+    assert "ResourceWarning" in output, output
+    assert re.findall(r"^(?:FAILED|ERROR) \S+::(\w+)", output, re.MULTILINE) == [failing], output
