@@ -89,7 +89,7 @@ took "the JVM client programs"
 .venv/bin/python -m tests.conformance.build
 took "the conformance specs"
 # Three workers: most tests wait on loopback sockets and child processes, not on the CPU, so three
-# share two cores well (the whole suite: about 4 minutes instead of 11 on a quiet 2-core machine).
+# share two cores well (the whole suite: about 7 minutes, 2,844 tests).
 # Each worker starts its own session fixtures (the real apiserver among them). A later `-n 0` in
 # the arguments runs everything in one process, e.g. to debug one test.
 # The delivery-time parity test (tests/realapi/test_delivery_parity.py) times each event through
