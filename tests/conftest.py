@@ -73,6 +73,10 @@ def pytest_asyncio_loop_factories() -> dict[str, Callable[[], asyncio.AbstractEv
     return {"uvloop": uvloop.new_event_loop}
 
 
+# The test file of the test before, on this worker (``collect_leaks``).
+_module_of_last_test: Path | None = None
+
+
 @pytest.fixture(autouse=True)
 def collect_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
     """Finalize what the test left unreferenced while it is still the current test: an unclosed
@@ -94,9 +98,6 @@ def collect_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
     gc.collect()
     gc.freeze()
-
-
-_module_of_last_test: Path | None = None
 
 
 @pytest.fixture
